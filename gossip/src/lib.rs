@@ -1,0 +1,117 @@
+//! Moving weighted flat tensors between peers.
+//!
+//! The training loop is written once against [`Communicator`]; two
+//! implementations exist: [`memory`] (many workers inside one process, used by
+//! the simulator and most tests) and the libp2p one (real peers in real
+//! processes). This crate knows nothing about models: it moves `f32` buffers
+//! and their push-sum weights.
+
+pub mod memory;
+
+use std::time::Duration;
+
+/// A worker's index in the current membership view (sorted peer ids).
+pub type Rank = usize;
+
+/// Errors of a communication operation.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    /// A peer stayed silent for longer than the peer timeout.
+    #[error("peer {peer} (rank {rank}) sent nothing for {timeout:?} during {operation} of round {round}")]
+    PeerTimeout {
+        peer: String,
+        rank: Rank,
+        round: u64,
+        operation: &'static str,
+        timeout: Duration,
+    },
+    /// The buffers handed to an operation do not fit the run.
+    #[error("buffer of {got} floats where the run exchanges {expected}")]
+    ShapeMismatch { expected: usize, got: usize },
+    /// The transport or a peer is gone.
+    #[error("communication closed: {0}")]
+    Closed(String),
+    /// Anything else, described.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// One push-sum round as seen by one rank.
+#[derive(Debug, Clone, Copy)]
+pub struct PushSumRound<'a> {
+    /// The gossip round (one per base step).
+    pub round: u64,
+    /// Ranks this rank sends a share to in this round.
+    pub out_peers: &'a [Rank],
+    /// Ranks that send a share to this rank in this round.
+    pub in_peers: &'a [Rank],
+    /// Staleness bound `s`: the call returns once every share of rounds
+    /// `<= round - s` has arrived. `0` is synchronous SGP.
+    pub staleness: u64,
+}
+
+/// Bytes and messages a communicator has moved so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CommStats {
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    /// Messages refused by validation (bad shape, run id, non-finite, ...).
+    pub messages_dropped: u64,
+}
+
+/// The operations the training loop needs from the network.
+///
+/// All operations are blocking; every rank of the run calls the collective
+/// ones ([`Communicator::all_reduce_sum`], [`Communicator::barrier`]) in the same
+/// order.
+pub trait Communicator: Send {
+    /// This worker's rank.
+    fn rank(&self) -> Rank;
+    /// Number of workers in the current view.
+    fn world_size(&self) -> usize;
+    /// One push-sum round: keep the share `p = 1 / (|out| + 1)` of `(x, w)`,
+    /// send the same share to each out-peer, add the shares that have arrived
+    /// and wait, as far as the staleness bound demands, for the rest. No mass
+    /// is dropped: a share that arrives late is added by a later call.
+    fn push_sum(
+        &mut self,
+        round: &PushSumRound<'_>,
+        x: &mut [f32],
+        w: &mut f64,
+    ) -> Result<(), CommError>;
+    /// Wait for every push-sum share still in flight towards this rank and add
+    /// it into `(x, w)`.
+    fn drain(&mut self, x: &mut [f32], w: &mut f64) -> Result<(), CommError>;
+    /// Sum `buf` and `scalar` over all ranks; every rank ends with the same
+    /// bits.
+    fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError>;
+    /// Wait until every rank reached the barrier.
+    fn barrier(&mut self) -> Result<(), CommError>;
+    /// Traffic so far.
+    fn stats(&self) -> CommStats;
+}
+
+/// Exact push-sum average: drain what is in flight, then set every rank's
+/// `x` to `sum x_i / sum w_i` and `w` to 1.
+pub fn exact_average(
+    comm: &mut dyn Communicator,
+    x: &mut [f32],
+    w: &mut f64,
+) -> Result<(), CommError> {
+    comm.drain(x, w)?;
+    let mut total_w = *w;
+    comm.all_reduce_sum(x, &mut total_w)?;
+    let inv = (1.0 / total_w) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+    *w = 1.0;
+    Ok(())
+}
+
+/// Uniform push-sum share kept and sent for a node with `out_degree` out-peers.
+pub fn push_sum_share(out_degree: usize) -> f64 {
+    1.0 / (out_degree as f64 + 1.0)
+}

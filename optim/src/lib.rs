@@ -1,0 +1,1 @@
+//! The math of slowmo (filled in by the optim work).

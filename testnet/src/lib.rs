@@ -1,0 +1,1 @@
+//! Launching many slowmo nodes.
