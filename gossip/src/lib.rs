@@ -115,3 +115,4 @@ pub fn exact_average(
 pub fn push_sum_share(out_degree: usize) -> f64 {
     1.0 / (out_degree as f64 + 1.0)
 }
+pub mod p2p;

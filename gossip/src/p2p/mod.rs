@@ -1,0 +1,1 @@
+//! libp2p communicator (filled in by the p2p work).

@@ -1,0 +1,1 @@
+//! Datasets (filled in by the data work).

@@ -1,0 +1,1 @@
+//! Models (filled in by the model work).

@@ -1,0 +1,1 @@
+//! `slowmo topology` (filled in by the topology work).
