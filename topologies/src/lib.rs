@@ -7,10 +7,39 @@
 //!
 //! All logs and powers use integer arithmetic: the reference implementation's
 //! floating-point `log2` drops hops for some sizes.
+//!
+//! Graphs are usually built from a [`GraphSpec`] (its string form, e.g.
+//! `"exponential"`, `"random-regular:4,seed=7"`, lives in the TOML config):
+//!
+//! ```
+//! use slowmo_topologies::{GraphSpec, Topology, build};
+//! let spec: GraphSpec = "exponential".parse().unwrap();
+//! let graph = build(&spec, 8).unwrap();
+//! assert_eq!(graph.out_peers(0, 0), vec![1]);
+//! assert_eq!(graph.in_peers(0, 2), vec![4]);
+//! assert!(build(&"hypercube".parse().unwrap(), 12).is_err());
+//! ```
+//!
+//! [`analysis`] measures how fast a graph mixes (singular values, rounds to
+//! consensus, bytes per round) and [`report`] compares graphs in CSV and plots.
 
+pub mod analysis;
+pub mod cycling;
+pub mod edgelist;
+pub mod explicit;
 pub mod exponential;
+pub mod mixing;
+pub mod random;
+pub mod report;
+pub mod spec;
+pub mod structured;
 
+pub use cycling::CyclingHops;
+pub use explicit::ExplicitGraph;
 pub use exponential::DirectedExponential;
+pub use mixing::MixingMatrix;
+pub use spec::{GraphKind, GraphSpec, build};
+pub use structured::{Structured, StructuredKind};
 
 /// Errors building or querying a graph.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -25,6 +54,29 @@ pub enum TopologyError {
     /// A parameter of the graph is out of range.
     #[error("graph `{graph}`: {reason}")]
     InvalidParameter { graph: String, reason: String },
+    /// A graph name (or its argument / options) could not be parsed.
+    #[error("unknown graph `{name}`: {reason}; accepted: {accepted}", accepted = spec::ACCEPTED_NAMES)]
+    UnknownGraph { name: String, reason: String },
+    /// A random graph was drawn but does not have the required property.
+    #[error("graph `{graph}` with {size} nodes and seed {seed}: {reason}")]
+    RandomGraph {
+        graph: String,
+        size: usize,
+        seed: u64,
+        reason: String,
+    },
+    /// An edge-list or schedule file could not be read.
+    #[error("cannot read graph file `{path}`: {reason}")]
+    File { path: String, reason: String },
+    /// A line of an edge-list or schedule text is malformed or out of range.
+    #[error("{source_name}, line {line}: {reason}")]
+    Parse {
+        /// The file path (or another name for the text).
+        source_name: String,
+        /// 1-based line number.
+        line: usize,
+        reason: String,
+    },
 }
 
 /// A (possibly time-varying) directed communication graph over `size()` ranks.
@@ -39,6 +91,20 @@ pub trait Topology: Send + Sync + std::fmt::Debug {
     fn out_peers(&self, rank: usize, round: u64) -> Vec<usize>;
     /// Ranks that send to `rank` in `round`, sorted, without `rank` itself.
     fn in_peers(&self, rank: usize, round: u64) -> Vec<usize>;
+
+    /// The push-sum share of `rank` in `round`: it keeps this fraction of its
+    /// `(x, w)` and sends the same fraction to each out-peer, i.e.
+    /// `1 / (out_degree + 1)`.
+    fn mixing_weight(&self, rank: usize, round: u64) -> f64 {
+        1.0 / (self.out_peers(rank, round).len() + 1) as f64
+    }
+
+    /// The uniform push-sum mixing matrix of `round`: column `j` holds
+    /// `1 / (out_degree_j + 1)` at `(j, j)` and at `(i, j)` for each out-peer
+    /// `i` of `j`, so it is column-stochastic (mass is conserved).
+    fn mixing_matrix(&self, round: u64) -> MixingMatrix {
+        MixingMatrix::from_topology(self, round)
+    }
 }
 
 /// floor(log2(n)) for n >= 1, in integer arithmetic.
@@ -50,4 +116,42 @@ pub fn ilog2(n: usize) -> u32 {
 /// Whether n is a power of two (n >= 1).
 pub fn is_power_of_two(n: usize) -> bool {
     n >= 1 && n & (n - 1) == 0
+}
+
+/// floor(log_base(n)) for n >= 1 and base >= 2, in integer arithmetic.
+pub fn ilog(n: usize, base: usize) -> u32 {
+    assert!(n >= 1 && base >= 2, "ilog needs n >= 1 and base >= 2");
+    n.ilog(base)
+}
+
+pub(crate) fn size_error(graph: &str, size: usize, reason: impl Into<String>) -> TopologyError {
+    TopologyError::UnsupportedSize {
+        graph: graph.into(),
+        size,
+        reason: reason.into(),
+    }
+}
+
+pub(crate) fn check_nonempty(graph: &str, size: usize) -> Result<(), TopologyError> {
+    if size == 0 {
+        Err(size_error(graph, size, "a graph needs at least one node"))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_logs() {
+        assert_eq!(ilog2(1), 0);
+        assert_eq!(ilog2(7), 2);
+        assert_eq!(ilog2(8), 3);
+        assert_eq!(ilog(8, 3), 1);
+        assert_eq!(ilog(9, 3), 2);
+        assert!(is_power_of_two(1) && is_power_of_two(64) && !is_power_of_two(12));
+        assert!(!is_power_of_two(0));
+    }
 }

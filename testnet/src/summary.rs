@@ -1,0 +1,1 @@
+//! Node summaries and the results table (filled in by the lead).
