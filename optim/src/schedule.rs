@@ -16,9 +16,10 @@ use crate::error::OptimError;
 
 /// A learning-rate schedule. `step` is the 0-based index of the base step about
 /// to be taken; `total_steps` the run's length in base steps.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Schedule {
     /// Always `base_lr`.
+    #[default]
     Constant,
     /// Linear warmup: `base_lr * (step + 1) / steps` for the first `steps`
     /// steps (starting at `base_lr / steps`, never 0), then `base_lr`.
@@ -49,12 +50,6 @@ pub enum Schedule {
     },
 }
 
-impl Default for Schedule {
-    fn default() -> Self {
-        Self::Constant
-    }
-}
-
 /// Linear warmup factor in (0, 1]; `warmup == 0` means no warmup.
 fn warmup_factor(step: u64, warmup: u64) -> f64 {
     if step >= warmup {
@@ -83,20 +78,20 @@ impl Schedule {
         let factor = match *self {
             Self::Constant => 1.0,
             Self::Warmup { steps } => warmup_factor(step, steps),
-            Self::Step { every, factor } => {
-                if every == 0 {
-                    1.0
-                } else {
-                    let k = (step / every).min(i32::MAX as u64) as i32;
-                    (factor as f64).powi(k)
-                }
-            }
+            Self::Step { every, factor } => match step.checked_div(every) {
+                None => 1.0,
+                Some(k) => (factor as f64).powi(k.min(i32::MAX as u64) as i32),
+            },
             Self::Cosine { min_factor } => cosine_factor(step, total_steps, min_factor),
             Self::WarmupCosine { warmup, min_factor } => {
                 if step < warmup {
                     warmup_factor(step, warmup)
                 } else {
-                    cosine_factor(step - warmup, total_steps.saturating_sub(warmup), min_factor)
+                    cosine_factor(
+                        step - warmup,
+                        total_steps.saturating_sub(warmup),
+                        min_factor,
+                    )
                 }
             }
         };
@@ -133,9 +128,12 @@ impl fmt::Display for Schedule {
             Self::Constant => write!(f, "constant"),
             Self::Warmup { steps } => write!(f, "warmup:{steps}"),
             Self::Step { every, factor } => write!(f, "step:{every}:{factor}"),
-            Self::Cosine { min_factor } if min_factor == 0.0 => write!(f, "cosine"),
+            Self::Cosine { min_factor: 0.0 } => write!(f, "cosine"),
             Self::Cosine { min_factor } => write!(f, "cosine:{min_factor}"),
-            Self::WarmupCosine { warmup, min_factor } if min_factor == 0.0 => {
+            Self::WarmupCosine {
+                warmup,
+                min_factor: 0.0,
+            } => {
                 write!(f, "warmup-cosine:{warmup}")
             }
             Self::WarmupCosine { warmup, min_factor } => {
@@ -199,13 +197,19 @@ mod tests {
     use super::*;
 
     fn approx(a: f32, b: f64) {
-        assert!(((a as f64) - b).abs() <= 1e-6 * b.abs().max(1e-6), "{a} vs {b}");
+        assert!(
+            ((a as f64) - b).abs() <= 1e-6 * b.abs().max(1e-6),
+            "{a} vs {b}"
+        );
     }
 
     #[test]
     fn constant_and_step_values() {
         assert_eq!(Schedule::Constant.lr(0.3, 12345, 10), 0.3);
-        let s = Schedule::Step { every: 10, factor: 0.1 };
+        let s = Schedule::Step {
+            every: 10,
+            factor: 0.1,
+        };
         approx(s.lr(1.0, 0, 100), 1.0);
         approx(s.lr(1.0, 9, 100), 1.0);
         approx(s.lr(1.0, 10, 100), 0.1);
@@ -239,7 +243,10 @@ mod tests {
 
     #[test]
     fn warmup_cosine_values() {
-        let s = Schedule::WarmupCosine { warmup: 10, min_factor: 0.0 };
+        let s = Schedule::WarmupCosine {
+            warmup: 10,
+            min_factor: 0.0,
+        };
         approx(s.lr(1.0, 0, 110), 0.1);
         approx(s.lr(1.0, 9, 110), 1.0);
         approx(s.lr(1.0, 10, 110), 1.0);
@@ -266,7 +273,10 @@ mod tests {
         }
         assert_eq!(
             "Warmup-Cosine: 100".parse::<Schedule>().unwrap(),
-            Schedule::WarmupCosine { warmup: 100, min_factor: 0.0 }
+            Schedule::WarmupCosine {
+                warmup: 100,
+                min_factor: 0.0
+            }
         );
     }
 
@@ -286,10 +296,20 @@ mod tests {
             "",
         ] {
             let e = text.parse::<Schedule>().unwrap_err().to_string();
-            assert!(e.contains("warmup-cosine:<warmup>") && e.contains("step:<every>:<factor>"), "{e}");
+            assert!(
+                e.contains("warmup-cosine:<warmup>") && e.contains("step:<every>:<factor>"),
+                "{e}"
+            );
             assert!(e.contains(&format!("{text:?}")), "{e}");
         }
-        assert!(Schedule::Step { every: 0, factor: 0.5 }.validate().is_err());
+        assert!(
+            Schedule::Step {
+                every: 0,
+                factor: 0.5
+            }
+            .validate()
+            .is_err()
+        );
         assert!(Schedule::Cosine { min_factor: 0.5 }.validate().is_ok());
     }
 }
