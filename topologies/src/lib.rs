@@ -23,6 +23,8 @@
 //! [`analysis`] measures how fast a graph mixes (singular values, rounds to
 //! consensus, bytes per round) and [`report`] compares graphs in CSV and plots.
 
+use std::sync::Arc;
+
 pub mod analysis;
 pub mod cycling;
 pub mod edgelist;
@@ -107,6 +109,38 @@ pub trait Topology: Send + Sync + std::fmt::Debug {
     }
 }
 
+macro_rules! forward_topology {
+    ($($wrapper:ident),*) => {$(
+        /// Forwards to the wrapped graph, so `Box<dyn Topology>` and
+        /// `Arc<dyn Topology>` can be used wherever a `Topology` is expected.
+        impl<T: Topology + ?Sized> Topology for $wrapper<T> {
+            fn name(&self) -> String {
+                (**self).name()
+            }
+            fn size(&self) -> usize {
+                (**self).size()
+            }
+            fn period(&self) -> u64 {
+                (**self).period()
+            }
+            fn out_peers(&self, rank: usize, round: u64) -> Vec<usize> {
+                (**self).out_peers(rank, round)
+            }
+            fn in_peers(&self, rank: usize, round: u64) -> Vec<usize> {
+                (**self).in_peers(rank, round)
+            }
+            fn mixing_weight(&self, rank: usize, round: u64) -> f64 {
+                (**self).mixing_weight(rank, round)
+            }
+            fn mixing_matrix(&self, round: u64) -> MixingMatrix {
+                (**self).mixing_matrix(round)
+            }
+        }
+    )*};
+}
+
+forward_topology!(Box, Arc);
+
 /// floor(log2(n)) for n >= 1, in integer arithmetic.
 pub fn ilog2(n: usize) -> u32 {
     assert!(n >= 1, "ilog2 of zero");
@@ -153,5 +187,17 @@ mod tests {
         assert_eq!(ilog(9, 3), 2);
         assert!(is_power_of_two(1) && is_power_of_two(64) && !is_power_of_two(12));
         assert!(!is_power_of_two(0));
+    }
+
+    #[test]
+    fn boxed_and_shared_graphs_are_graphs() {
+        fn hops_of<T: Topology>(g: &T) -> Vec<usize> {
+            (0..g.period()).flat_map(|k| g.out_peers(0, k)).collect()
+        }
+        let boxed = build(&GraphSpec::default(), 8).unwrap();
+        assert_eq!(hops_of(&boxed), vec![1, 2, 4]);
+        let shared: std::sync::Arc<dyn Topology> = boxed.into();
+        assert_eq!(hops_of(&shared), vec![1, 2, 4]);
+        assert_eq!(shared.mixing_weight(3, 0), 0.5);
     }
 }
