@@ -17,7 +17,9 @@ pub type Rank = usize;
 #[derive(Debug, thiserror::Error)]
 pub enum CommError {
     /// A peer stayed silent for longer than the peer timeout.
-    #[error("peer {peer} (rank {rank}) sent nothing for {timeout:?} during {operation} of round {round}")]
+    #[error(
+        "peer {peer} (rank {rank}) sent nothing for {timeout:?} during {operation} of round {round}"
+    )]
     PeerTimeout {
         peer: String,
         rank: Rank,
@@ -34,6 +36,29 @@ pub enum CommError {
     /// Anything else, described.
     #[error("{0}")]
     Other(String),
+    /// Joining failed: our run identity differs from a peer of the run
+    /// (a bootstrap peer) in `field`; `ours` is this node's value.
+    #[error("refused by the run at peer {peer}: {field} differs: ours {ours} theirs {theirs}")]
+    Refused {
+        peer: String,
+        field: String,
+        ours: String,
+        theirs: String,
+    },
+    /// The run's members did not all turn up (or agree) in time.
+    #[error(
+        "join timed out after {timeout:?}: {} of {nodes} peers present ({}), {missing} missing{}",
+        present.len(),
+        present.join(", "),
+        if detail.is_empty() { String::new() } else { format!("; {detail}") }
+    )]
+    JoinTimeout {
+        timeout: Duration,
+        nodes: usize,
+        present: Vec<String>,
+        missing: usize,
+        detail: String,
+    },
 }
 
 /// One push-sum round as seen by one rank.

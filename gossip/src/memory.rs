@@ -45,6 +45,7 @@ pub struct MemoryNetwork;
 impl MemoryNetwork {
     /// One communicator per rank. `timeout` bounds every wait; a rank that
     /// waits longer reports the silent peer.
+    #[allow(clippy::new_ret_no_self)] // a network is only its communicators
     pub fn new(size: usize, timeout: Duration) -> Vec<MemoryComm> {
         let shared = Arc::new(Shared {
             size,
@@ -255,11 +256,7 @@ impl Communicator for MemoryComm {
             while state.generation == generation {
                 let now = Instant::now();
                 if now >= deadline {
-                    let missing = state
-                        .slots
-                        .iter()
-                        .position(|s| s.is_none())
-                        .unwrap_or(0);
+                    let missing = state.slots.iter().position(|s| s.is_none()).unwrap_or(0);
                     return Err(CommError::PeerTimeout {
                         peer: format!("worker-{missing}"),
                         rank: missing,
@@ -275,7 +272,10 @@ impl Communicator for MemoryComm {
                     .0;
             }
         }
-        let result = state.result.clone().expect("result of a finished reduction");
+        let result = state
+            .result
+            .clone()
+            .expect("result of a finished reduction");
         drop(state);
         if result.0.len() != buf.len() {
             return Err(CommError::ShapeMismatch {

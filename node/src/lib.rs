@@ -1,5 +1,12 @@
 //! The slowmo node: configuration, models, data, the training loop, metrics.
 
+pub mod bench_cmd;
+pub mod config;
 pub mod data;
+pub mod metrics;
 pub mod model;
+pub mod node_cmd;
+pub mod simulate;
+pub mod sweep;
 pub mod topology_cmd;
+pub mod train;

@@ -1,1 +1,66 @@
-fn main() {}
+use clap::{Parser, Subcommand};
+
+/// slowmo: decentralized training with push-sum gossip and slow momentum.
+#[derive(Debug, Parser)]
+#[command(name = "slowmo", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run m workers inside one process (deterministic given the seed).
+    Simulate(slowmo_node::simulate::SimulateArgs),
+    /// Run one real peer of a run over libp2p.
+    Node(Box<slowmo_node::node_cmd::NodeArgs>),
+    /// Analyse and compare communication graphs, and sweep training over them.
+    Topology(slowmo_node::topology_cmd::TopologyArgs),
+    /// Measure the network layer: transport throughput and all-reduce.
+    Bench(slowmo_node::bench_cmd::BenchArgs),
+}
+
+/// Sets candle's compute threads unless the user chose already. Many
+/// simulated workers (or several nodes) share few cores; oversubscription
+/// costs more than it gains.
+fn set_compute_threads(threads: usize) {
+    for var in ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"] {
+        if std::env::var_os(var).is_none() {
+            // SAFETY: called in main before any thread exists.
+            unsafe { std::env::set_var(var, threads.to_string()) };
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match &cli.command {
+        Command::Simulate(_) => set_compute_threads(1),
+        Command::Topology(_) | Command::Bench(_) => set_compute_threads(1),
+        Command::Node(args) => {
+            if let Some(n) = args.threads {
+                set_compute_threads(n.max(1));
+            }
+        }
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Simulate(args) => slowmo_node::simulate::run(args),
+        Command::Node(args) => slowmo_node::node_cmd::run(*args),
+        Command::Topology(args) => slowmo_node::topology_cmd::run(args),
+        Command::Bench(args) => slowmo_node::bench_cmd::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -35,6 +35,9 @@ pub enum TopologyCommand {
     /// Compare graphs across sizes: one table row per (graph, size), with
     /// optional CSV and a plot of consensus error against rounds.
     Compare(CompareArgs),
+    /// Train with the simulator over a grid of graphs, sizes and slow
+    /// momentum; writes CSV and an SVG chart of accuracy and consensus.
+    Sweep(Box<crate::sweep::SweepArgs>),
 }
 
 /// Options shared by `analyze` and `compare`.
@@ -124,6 +127,7 @@ pub fn run(args: TopologyArgs) -> Result<()> {
     match args.command {
         TopologyCommand::Analyze(a) => analyze(a),
         TopologyCommand::Compare(c) => compare(c),
+        TopologyCommand::Sweep(s) => crate::sweep::run(*s),
     }
 }
 

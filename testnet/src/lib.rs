@@ -1,5 +1,11 @@
 //! Launching many slowmo nodes: local processes and docker-compose testnets,
 //! fault injection, and the reports that gather what the nodes wrote.
 
+pub mod compose;
+pub mod control;
+pub mod docker;
 pub mod local;
+pub mod profile;
+pub mod results;
 pub mod summary;
+pub mod yaml;

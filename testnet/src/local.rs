@@ -1,10 +1,305 @@
-//! `slowmo-testnet local`: N `slowmo node` processes on 127.0.0.1 (filled in by the lead).
+//! `slowmo-testnet local`: N `slowmo node` processes on 127.0.0.1.
+//!
+//! The first node is the bootstrap peer of the others. Every node gets its
+//! own folder (identity, metrics, summary, parameters, log); the merged run
+//! configuration is written once as `run.toml` and handed to every node, so
+//! they all resolve the same settings. Every process started here is stopped
+//! again, also on Ctrl-C or when one node fails.
+
+use std::net::{TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use slowmo_node::config::TrainOptions;
+
+use crate::summary::{NodeResult, read_summary, table};
+
+/// Transport the local nodes use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    Quic,
+    Tcp,
+}
 
 /// Arguments of `slowmo-testnet local`.
 #[derive(Debug, clap::Args)]
-pub struct LocalArgs {}
+pub struct LocalArgs {
+    /// Number of node processes.
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// TOML file with the run's training settings (flags override it).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub train: TrainOptions,
+    /// Folder for every node's files [default: a new folder under testnet-runs/].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The slowmo binary [default: $SLOWMO_BIN, else `slowmo` beside this program].
+    #[arg(long)]
+    pub slowmo_bin: Option<PathBuf>,
+    /// Transport between the nodes.
+    #[arg(long, value_enum, default_value_t = Transport::Quic)]
+    pub transport: Transport,
+    /// Compute threads per node.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Seconds for all nodes to join.
+    #[arg(long, default_value_t = 60)]
+    pub join_timeout: u64,
+    /// Seconds a peer may stay silent.
+    #[arg(long, default_value_t = 60)]
+    pub peer_timeout: u64,
+    /// Extra flag passed to every node (repeatable), e.g. --node-arg=--mdns.
+    #[arg(long = "node-arg", allow_hyphen_values = true)]
+    pub node_args: Vec<String>,
+    /// Print no combined progress.
+    #[arg(long)]
+    pub quiet: bool,
+}
 
-/// Runs a local testnet.
-pub fn run(_args: LocalArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not yet built")
+/// Finds the slowmo binary.
+pub fn slowmo_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let path = match explicit {
+        Some(p) => p.to_owned(),
+        None => match std::env::var_os("SLOWMO_BIN") {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe()
+                .context("locating this program")?
+                .with_file_name(format!("slowmo{}", std::env::consts::EXE_SUFFIX)),
+        },
+    };
+    if !path.is_file() {
+        bail!(
+            "slowmo binary not found at {} (build it with `cargo build -p slowmo-node`, or pass --slowmo-bin / set SLOWMO_BIN)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn free_port(transport: Transport) -> anyhow::Result<u16> {
+    Ok(match transport {
+        Transport::Quic => UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port(),
+        Transport::Tcp => TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
+    })
+}
+
+fn multiaddr(transport: Transport, port: u16) -> String {
+    match transport {
+        Transport::Quic => format!("/ip4/127.0.0.1/udp/{port}/quic-v1"),
+        Transport::Tcp => format!("/ip4/127.0.0.1/tcp/{port}"),
+    }
+}
+
+/// Asks a process to stop (SIGTERM), then kills it if it does not.
+fn stop_child(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    // SAFETY: plain kill(2) on a pid we started and have not reaped.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Started node processes; dropping stops every one still running.
+struct Nodes(Vec<(String, Child)>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            stop_child(child, Duration::from_secs(5));
+        }
+    }
+}
+
+fn last_step(metrics: &Path) -> Option<(u64, f32)> {
+    let text = std::fs::read_to_string(metrics).ok()?;
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    Some((v["step"].as_u64()? + 1, v["loss"].as_f64()? as f32))
+}
+
+/// Runs a local testnet to the end; errors name the node that failed.
+pub fn run(args: LocalArgs) -> anyhow::Result<()> {
+    let results = launch(&args)?;
+    println!("{}", table(&results));
+    Ok(())
+}
+
+/// Launches the nodes, waits for them, and returns their results.
+pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<NodeResult>> {
+    if args.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
+    let file = match &args.config {
+        Some(p) => TrainOptions::from_file(p)?,
+        None => TrainOptions::default(),
+    };
+    let mut options = file.overlaid(&args.train);
+    options.workers = Some(args.nodes);
+    let config = options.resolve().context("the run configuration")?;
+    let out = match &args.out {
+        Some(p) => p.clone(),
+        None => {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            PathBuf::from("testnet-runs").join(format!("local-{stamp}-{}", std::process::id()))
+        }
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let run_toml = out.join("run.toml");
+    std::fs::write(&run_toml, options.to_toml())
+        .with_context(|| format!("writing {}", run_toml.display()))?;
+
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let flag = interrupted.clone();
+        // A second handler cannot be installed in tests that call launch twice; that is fine.
+        let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+    }
+
+    let bootstrap_port = free_port(args.transport)?;
+    let bootstrap = multiaddr(args.transport, bootstrap_port);
+    let run_id = format!("local-{}", std::process::id());
+    let mut nodes = Nodes(Vec::new());
+    let mut dirs = Vec::new();
+    for i in 0..args.nodes {
+        let name = format!("node-{i}");
+        let dir = out.join(&name);
+        std::fs::create_dir_all(&dir)?;
+        let _ = std::fs::remove_file(dir.join("summary.json"));
+        let log = std::fs::File::create(dir.join("node.log"))?;
+        let listen = if i == 0 {
+            bootstrap.clone()
+        } else {
+            multiaddr(args.transport, 0)
+        };
+        let mut cmd = Command::new(&bin);
+        cmd.arg("node")
+            .arg("--config")
+            .arg(&run_toml)
+            .args(["--nodes", &args.nodes.to_string()])
+            .args(["--run-id", &run_id])
+            .args(["--listen", &listen])
+            .args(["--threads", &args.threads.to_string()])
+            .args(["--join-timeout", &args.join_timeout.to_string()])
+            .args(["--peer-timeout", &args.peer_timeout.to_string()])
+            .arg("--identity")
+            .arg(dir.join("identity.key"))
+            .arg("--metrics-jsonl")
+            .arg(dir.join("metrics.jsonl"))
+            .arg("--summary-json")
+            .arg(dir.join("summary.json"))
+            .arg("--save-params")
+            .arg(dir.join("params.safetensors"))
+            .args(&args.node_args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if i > 0 {
+            cmd.args(["--bootstrap", &bootstrap]);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", bin.display()))?;
+        nodes.0.push((name, child));
+        dirs.push(dir);
+    }
+    if !args.quiet {
+        println!(
+            "started {} nodes ({}), files in {}",
+            args.nodes,
+            config.algorithm.base,
+            out.display()
+        );
+    }
+
+    let mut done = vec![false; args.nodes];
+    let mut last_print = Instant::now();
+    while done.iter().any(|d| !d) {
+        if interrupted.load(Ordering::SeqCst) {
+            drop(nodes);
+            bail!(
+                "interrupted: stopped every node; partial results in {}",
+                out.display()
+            );
+        }
+        for (i, (name, child)) in nodes.0.iter_mut().enumerate() {
+            if done[i] {
+                continue;
+            }
+            if let Some(status) = child.try_wait()? {
+                done[i] = true;
+                if !status.success() {
+                    let log = dirs[i].join("node.log");
+                    let tail = std::fs::read_to_string(&log)
+                        .map(|t| {
+                            let lines: Vec<&str> = t.lines().collect();
+                            lines[lines.len().saturating_sub(15)..].join("\n")
+                        })
+                        .unwrap_or_default();
+                    let name = name.clone();
+                    drop(nodes);
+                    bail!(
+                        "{name} failed ({status}); its log {}:\n{tail}",
+                        log.display()
+                    );
+                }
+            }
+        }
+        if !args.quiet && last_print.elapsed() >= Duration::from_secs(2) {
+            last_print = Instant::now();
+            let steps: Vec<String> = dirs
+                .iter()
+                .map(|d| match last_step(&d.join("metrics.jsonl")) {
+                    Some((s, l)) => format!("{s}/{} ({l:.3})", config.steps),
+                    None => "joining".into(),
+                })
+                .collect();
+            println!("progress: {}", steps.join("  "));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(nodes);
+    let results: Vec<NodeResult> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let path = d.join("summary.json");
+            NodeResult {
+                name: format!("node-{i}"),
+                summary: read_summary(&path).ok(),
+                summary_path: path,
+            }
+        })
+        .collect();
+    if let Some(bad) = results
+        .iter()
+        .find(|r| !r.summary.as_ref().is_some_and(|s| s.completed))
+    {
+        bail!(
+            "{} did not complete the run:\n{}",
+            bad.name,
+            table(&results)
+        );
+    }
+    Ok(results)
 }

@@ -1,1 +1,567 @@
-//! libp2p communicator (filled in by the p2p work).
+//! The libp2p communicator: real peers in real processes.
+//!
+//! A [`P2pComm`] owns a tokio runtime on background threads that drives a
+//! libp2p swarm (QUIC first, TCP + Noise + Yamux as fallback; identify,
+//! ping, optional mDNS). Its [`Communicator`] methods block the calling
+//! (training) thread only as far as the algorithm demands: push-sum shares
+//! are copied once and written by background tasks.
+//!
+//! Protocols (`/slowmo/<name>/<major>`):
+//! - `membership/1`: join handshake and view agreement ([`membership`]);
+//! - `push-sum/1`: push-sum shares ([`push_sum`]);
+//! - `all-reduce/1`: ring all-reduce chunks, also the barrier ([`allreduce`]).
+//!
+//! Tensor frames are a CBOR header and a raw little-endian payload
+//! ([`wire`]); every inbound frame is checked ([`inbound`]).
+//!
+//! ```no_run
+//! use slowmo_gossip::p2p::{P2pComm, P2pConfig, RunIdentity};
+//! use slowmo_gossip::Communicator;
+//! let run = RunIdentity { run_id: "demo".into(), config_hash: "c0ffee".into(), init_hash: "5eed".into() };
+//! let cfg = P2pConfig::new(run, 2, 1000).with_bootstrap(["/ip4/127.0.0.1/udp/4001/quic-v1"]);
+//! let mut comm = P2pComm::start(cfg)?;
+//! let mut x = vec![1.0f32; 1000];
+//! let mut w = 1.0;
+//! comm.all_reduce_sum(&mut x, &mut w)?;
+//! comm.shutdown();
+//! # Ok::<(), slowmo_gossip::CommError>(())
+//! ```
+
+mod allreduce;
+mod behaviour;
+mod config;
+mod identity;
+mod inbound;
+mod links;
+mod membership;
+mod payload;
+mod push_sum;
+mod state;
+pub mod wire;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{AsyncReadExt, AsyncWriteExt};
+use libp2p::{Multiaddr, PeerId, StreamProtocol};
+use tokio::runtime::Runtime;
+use tokio::sync::{mpsc, watch};
+
+pub use config::{P2pConfig, RunIdentity};
+
+use allreduce::Ring;
+use behaviour::{SwarmCmd, parse_addrs};
+use links::{Link, Outgoing};
+use membership::Membership;
+use push_sum::{CollectCtx, PushState};
+use state::{ReduceMsg, Shared, View, lock};
+use wire::{ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, WIRE_VERSION};
+
+use crate::{CommError, CommStats, Communicator, PushSumRound, Rank, push_sum_share};
+
+/// Frames a push-sum link may queue before the training thread waits.
+const PUSH_QUEUE: usize = 16;
+
+/// A node of a run over libp2p. See the [module docs](self).
+pub struct P2pComm {
+    rt: Option<Runtime>,
+    shared: Arc<Shared>,
+    control: libp2p_stream::Control,
+    view: Arc<View>,
+    rank: Rank,
+    listen: Arc<Mutex<Vec<Multiaddr>>>,
+    /// Push-sum links by rank (`None` for ourselves).
+    push_links: Vec<Option<Link>>,
+    /// All-reduce link to the right ring neighbour.
+    ring_link: Option<Link>,
+    reduce_rx: mpsc::Receiver<ReduceMsg>,
+    push: PushState,
+    /// All-reduce sequence number (also counts barriers).
+    seq: u64,
+}
+
+impl P2pComm {
+    /// Starts the node and joins the run: [`P2pComm::bind`] then
+    /// [`PendingJoin::join`]. Returns once `cfg.nodes` verified peers agree
+    /// on the member list; ranks are the positions in the sorted peer ids.
+    pub fn start(cfg: P2pConfig) -> Result<Self, CommError> {
+        Self::bind(cfg)?.join()
+    }
+
+    /// First half of [`P2pComm::start`]: builds the swarm on the node's own
+    /// runtime and listens, so that the addresses are known (to print them,
+    /// or hand them to other nodes) before the join waits for peers.
+    pub fn bind(cfg: P2pConfig) -> Result<PendingJoin, CommError> {
+        cfg.validate()
+            .map_err(|e| CommError::Other(format!("p2p config: {e}")))?;
+        let listen_addrs = parse_addrs("listen", &cfg.listen)?;
+        let bootstrap = parse_addrs("bootstrap", &cfg.bootstrap)?;
+        let keypair = identity::load_or_create(cfg.identity_file.as_deref())?;
+        let local = keypair.public().to_peer_id();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.worker_threads.max(1))
+            .thread_name("slowmo-p2p")
+            .enable_all()
+            .build()
+            .map_err(|e| CommError::Other(format!("starting the network runtime: {e}")))?;
+        let (swarm_tx, swarm_rx) = mpsc::unbounded_channel();
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (view_tx, view_rx) = watch::channel(None);
+        let (reduce_tx, reduce_rx) = mpsc::channel(1);
+        let listen = Arc::new(Mutex::new(Vec::new()));
+        let wanted_listeners = listen_addrs.len();
+        let shared = Arc::new(Shared::new(
+            cfg.clone(),
+            local,
+            view_rx,
+            reduce_tx,
+            swarm_tx.clone(),
+        ));
+        let membership = Arc::new(Membership::new(
+            local,
+            &cfg,
+            listen.clone(),
+            bootstrap.clone(),
+            swarm_tx,
+            view_tx,
+            shared.stopping.clone(),
+        ));
+        let bound = rt.block_on(async {
+            let mut swarm = behaviour::build_swarm(keypair, &cfg)?;
+            for addr in listen_addrs {
+                swarm.listen_on(addr.clone()).map_err(|e| {
+                    CommError::Other(format!("listen: cannot listen on `{addr}`: {e}"))
+                })?;
+            }
+            let mut control = swarm.behaviour().stream.new_control();
+            inbound::spawn_acceptors(&shared, &mut control).map_err(CommError::Other)?;
+            membership.spawn_acceptor(&mut control)?;
+            tokio::spawn(behaviour::run_swarm(
+                swarm,
+                swarm_rx,
+                events_tx,
+                listen.clone(),
+                bootstrap,
+            ));
+            // Hellos carry our addresses: wait until the listeners are up.
+            let until = Instant::now() + Duration::from_secs(5);
+            while lock(&listen).len() < wanted_listeners && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok::<_, CommError>(control)
+        });
+        let control = match bound {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = shared.swarm.send(SwarmCmd::Shutdown);
+                rt.shutdown_timeout(Duration::from_secs(1));
+                return Err(e);
+            }
+        };
+        Ok(PendingJoin {
+            rt: Some(rt),
+            shared,
+            membership,
+            control,
+            events_rx: Some(events_rx),
+            reduce_rx: Some(reduce_rx),
+            listen,
+        })
+    }
+
+    /// Our peer id (base58).
+    pub fn local_peer_id(&self) -> String {
+        self.shared.local.to_string()
+    }
+
+    /// Peer ids of the current view in rank order.
+    pub fn members(&self) -> Vec<String> {
+        self.view.names()
+    }
+
+    /// Number of the current membership view.
+    pub fn view_number(&self) -> u64 {
+        self.view.number
+    }
+
+    /// Addresses we listen on, each ending in `/p2p/<our id>` so that they
+    /// can be handed to other nodes as bootstrap addresses.
+    pub fn listen_addrs(&self) -> Vec<String> {
+        with_peer_suffix(&self.listen, &self.shared.local)
+    }
+
+    /// Sends `bytes` as they are on one of our protocols to `peer`: for
+    /// conformance tests and fuzzing (a peer that speaks our protocols by
+    /// hand). Waits for the receiver to take the stream and, briefly, for it
+    /// to finish with it.
+    pub fn send_raw(&self, peer: &str, protocol: &str, bytes: &[u8]) -> Result<(), CommError> {
+        let peer: PeerId = peer
+            .parse()
+            .map_err(|e| CommError::Other(format!("`{peer}` is not a peer id: {e}")))?;
+        let protocol = StreamProtocol::try_from_owned(protocol.to_string())
+            .map_err(|e| CommError::Other(format!("`{protocol}` is not a protocol name: {e}")))?;
+        let mut control = self.control.clone();
+        let rt = self
+            .rt
+            .as_ref()
+            .ok_or_else(|| CommError::Closed("node stopped".into()))?;
+        rt.block_on(async move {
+            let io = |e: std::io::Error| CommError::Other(format!("raw stream to {peer}: {e}"));
+            let mut s = control
+                .open_stream(peer, protocol)
+                .await
+                .map_err(|e| CommError::Other(format!("raw stream to {peer}: {e}")))?;
+            let mut ready = [0u8; 1];
+            s.read_exact(&mut ready).await.map_err(io)?;
+            s.write_all(bytes).await.map_err(io)?;
+            let _ = s.close().await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut ready)).await;
+            Ok(())
+        })
+    }
+
+    /// Stops the node after the links have delivered what they hold (each
+    /// waits for its receiver's confirmation, at most the peer timeout).
+    pub fn shutdown(mut self) {
+        self.stop(true);
+    }
+
+    fn stop(&mut self, graceful: bool) {
+        let Some(rt) = self.rt.take() else { return };
+        self.shared
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut tasks = Vec::new();
+        for link in self
+            .push_links
+            .drain(..)
+            .flatten()
+            .chain(self.ring_link.take())
+        {
+            drop(link.queue);
+            tasks.push(link.task);
+        }
+        if graceful {
+            // Our links finish (each receiver confirms our last frame), and
+            // the peers' links to us finish too: leaving earlier would cut
+            // their confirmations off.
+            let wait = self.shared.cfg.peer_timeout.min(Duration::from_secs(10));
+            let shared = self.shared.clone();
+            rt.block_on(async move {
+                let until = tokio::time::Instant::now() + wait;
+                let _ = tokio::time::timeout_at(until, futures::future::join_all(tasks)).await;
+                while shared
+                    .inbound_active
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    > 0
+                    && tokio::time::Instant::now() < until
+                {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+        }
+        let _ = self.shared.swarm.send(SwarmCmd::Shutdown);
+        rt.shutdown_timeout(Duration::from_millis(if graceful { 500 } else { 0 }));
+    }
+
+    fn runtime(&self) -> Result<&Runtime, CommError> {
+        self.rt
+            .as_ref()
+            .ok_or_else(|| CommError::Closed("node stopped".into()))
+    }
+
+    fn collect(
+        &mut self,
+        wait_up_to: Option<u64>,
+        x: &mut [f32],
+        w: &mut f64,
+        op: &'static str,
+    ) -> Result<(), CommError> {
+        let view = self.view.clone();
+        let name = move |r: Rank| {
+            view.members
+                .get(r)
+                .map(|p| p.to_string())
+                .unwrap_or_default()
+        };
+        let ctx = CollectCtx {
+            inbox: &self.shared.push_inbox,
+            pool: &self.shared.pool,
+            timeout: self.shared.cfg.peer_timeout,
+            peer_name: &name,
+        };
+        self.push.collect(&ctx, wait_up_to, x, w, op)
+    }
+
+    fn check_ranks(&self, round: u64, what: &str, ranks: &[Rank]) -> Result<(), CommError> {
+        let m = self.view.members.len();
+        match ranks.iter().find(|r| **r >= m || **r == self.rank) {
+            Some(r) => Err(CommError::Other(format!(
+                "push-sum round {round}: {what} rank {r} is ourselves or outside 0..{m}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn all_reduce(
+        &mut self,
+        buf: &mut [f32],
+        scalar: &mut f64,
+        operation: &'static str,
+    ) -> Result<(), CommError> {
+        self.seq += 1;
+        let rt = self
+            .rt
+            .as_ref()
+            .ok_or_else(|| CommError::Closed("node stopped".into()))?;
+        let Some(link) = &self.ring_link else {
+            return Ok(()); // a run of one: nothing to add
+        };
+        Ring {
+            rt,
+            shared: &self.shared,
+            view: &self.view,
+            rank: self.rank,
+            right: &link.queue,
+            inbox: &mut self.reduce_rx,
+            seq: self.seq,
+            operation,
+        }
+        .run(buf, scalar)
+    }
+}
+
+/// A node that listens but has not joined yet (see [`P2pComm::bind`]).
+pub struct PendingJoin {
+    rt: Option<Runtime>,
+    shared: Arc<Shared>,
+    membership: Arc<Membership>,
+    control: libp2p_stream::Control,
+    events_rx: Option<mpsc::UnboundedReceiver<behaviour::NetEvent>>,
+    reduce_rx: Option<mpsc::Receiver<ReduceMsg>>,
+    listen: Arc<Mutex<Vec<Multiaddr>>>,
+}
+
+impl PendingJoin {
+    /// Our peer id (base58).
+    pub fn local_peer_id(&self) -> String {
+        self.shared.local.to_string()
+    }
+
+    /// Addresses we listen on, each ending in `/p2p/<our id>`.
+    pub fn listen_addrs(&self) -> Vec<String> {
+        with_peer_suffix(&self.listen, &self.shared.local)
+    }
+
+    /// Waits (up to the join timeout) until the run's members are present
+    /// and agree on the member list, then opens the links.
+    pub fn join(mut self) -> Result<P2pComm, CommError> {
+        let rt = self.rt.take().expect("a pending join owns its runtime");
+        let events = self.events_rx.take().expect("joined once");
+        let timeout = self.shared.cfg.join_timeout;
+        let joined = rt.block_on(self.membership.clone().join(
+            self.control.clone(),
+            events,
+            timeout,
+        ));
+        let view = match joined {
+            Ok(v) => v,
+            Err(e) => {
+                // Linger a moment so that our last answers (a refusal the
+                // other side should log too) leave before the swarm goes.
+                rt.block_on(async { tokio::time::sleep(Duration::from_millis(300)).await });
+                let _ = self.shared.swarm.send(SwarmCmd::Shutdown);
+                rt.shutdown_timeout(Duration::from_millis(500));
+                return Err(e);
+            }
+        };
+        let local = self.shared.local;
+        let rank = view.rank_of(&local).ok_or_else(|| {
+            CommError::Other(format!(
+                "we ({local}) are not a member of the view we joined"
+            ))
+        })?;
+        let m = view.members.len();
+        let guard = rt.enter();
+        let push_links = view
+            .members
+            .iter()
+            .map(|peer| {
+                (*peer != local).then(|| {
+                    Link::spawn(
+                        self.shared.clone(),
+                        self.control.clone(),
+                        *peer,
+                        StreamProtocol::new(PUSH_SUM_PROTOCOL),
+                        PUSH_QUEUE,
+                    )
+                })
+            })
+            .collect();
+        let ring_link = (m > 1).then(|| {
+            let right = view.members[(rank + 1) % m];
+            Link::spawn(
+                self.shared.clone(),
+                self.control.clone(),
+                right,
+                StreamProtocol::new(ALL_REDUCE_PROTOCOL),
+                1,
+            )
+        });
+        drop(guard);
+        Ok(P2pComm {
+            rt: Some(rt),
+            shared: self.shared.clone(),
+            control: self.control.clone(),
+            view,
+            rank,
+            listen: self.listen.clone(),
+            push_links,
+            ring_link,
+            reduce_rx: self.reduce_rx.take().expect("joined once"),
+            push: PushState::default(),
+            seq: 0,
+        })
+    }
+}
+
+impl Drop for PendingJoin {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            let _ = self.shared.swarm.send(SwarmCmd::Shutdown);
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Runs `fut` on the node's runtime from a plain thread, giving up after
+/// `limit` (the timer must be created inside the runtime).
+pub(crate) fn block_on_timeout<F: std::future::Future>(
+    rt: &Runtime,
+    limit: Duration,
+    fut: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    rt.block_on(async move { tokio::time::timeout(limit, fut).await })
+}
+
+fn with_peer_suffix(listen: &Mutex<Vec<Multiaddr>>, local: &PeerId) -> Vec<String> {
+    lock(listen)
+        .iter()
+        .map(|a| format!("{a}/p2p/{local}"))
+        .collect()
+}
+
+impl Drop for P2pComm {
+    fn drop(&mut self) {
+        self.stop(false);
+    }
+}
+
+impl Communicator for P2pComm {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.view.members.len()
+    }
+
+    fn push_sum(
+        &mut self,
+        round: &PushSumRound<'_>,
+        x: &mut [f32],
+        w: &mut f64,
+    ) -> Result<(), CommError> {
+        let expected = self.shared.cfg.payload_floats;
+        if x.len() != expected {
+            return Err(CommError::ShapeMismatch {
+                expected,
+                got: x.len(),
+            });
+        }
+        self.check_ranks(round.round, "out-peer", round.out_peers)?;
+        self.check_ranks(round.round, "in-peer", round.in_peers)?;
+        self.runtime()?;
+        self.push
+            .begin(&self.shared.push_inbox, round.round, round.in_peers)?;
+        if !round.out_peers.is_empty() {
+            let p = push_sum_share(round.out_peers.len());
+            let pf = p as f32;
+            for v in x.iter_mut() {
+                *v *= pf;
+            }
+            *w *= p;
+            let (payload, sum) = payload::encode_f32(x, self.shared.pool.take(4 * x.len()));
+            let payload = Arc::new(payload);
+            let header = wire::encode_header(&Header {
+                version: WIRE_VERSION,
+                run_id: self.shared.cfg.run.run_id.clone(),
+                view: self.view.number,
+                sender: self.shared.local.to_string(),
+                round: round.round,
+                kind: Kind::PushSum,
+                dtype: DType::F32,
+                len: x.len() as u64,
+                weight: *w,
+                checksum: sum,
+                step: 0,
+                offset: 0,
+                total: x.len() as u64,
+            });
+            let rt = self.runtime()?;
+            for &peer in round.out_peers {
+                let link = self.push_links[peer]
+                    .as_ref()
+                    .expect("checked: not ourselves");
+                let msg = Outgoing {
+                    header: header.clone(),
+                    payload: payload.clone(),
+                };
+                let timeout = self.shared.cfg.peer_timeout;
+                match block_on_timeout(rt, timeout, link.queue.send(msg)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => {
+                        return Err(CommError::Closed(format!("link to rank {peer} is gone")));
+                    }
+                    Err(_) => {
+                        return Err(CommError::PeerTimeout {
+                            peer: link.peer.to_string(),
+                            rank: peer,
+                            round: round.round,
+                            operation: "push-sum send",
+                            timeout,
+                        });
+                    }
+                }
+            }
+        }
+        let wait = round.round.checked_sub(round.staleness);
+        match wait {
+            Some(up_to) => self.collect(Some(up_to), x, w, "push-sum"),
+            None => self.collect(None, x, w, "push-sum"),
+        }
+    }
+
+    fn drain(&mut self, x: &mut [f32], w: &mut f64) -> Result<(), CommError> {
+        let expected = self.shared.cfg.payload_floats;
+        if x.len() != expected {
+            return Err(CommError::ShapeMismatch {
+                expected,
+                got: x.len(),
+            });
+        }
+        self.collect(Some(u64::MAX), x, w, "drain")
+    }
+
+    fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
+        self.all_reduce(buf, scalar, "all-reduce")
+    }
+
+    fn barrier(&mut self) -> Result<(), CommError> {
+        self.all_reduce(&mut [], &mut 0.0, "barrier")
+    }
+
+    fn stats(&self) -> CommStats {
+        self.shared.counters.snapshot()
+    }
+}

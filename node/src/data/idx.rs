@@ -75,19 +75,29 @@ fn check_len(path: &Path, expected: u64, got: u64) -> Result<(), DataError> {
     })
 }
 
+/// Checks the first four bytes (a file shorter than that is truncated).
+fn check_magic(path: &Path, bytes: &[u8], expected: u32) -> Result<(), DataError> {
+    check_len(path, 4, bytes.len().min(4) as u64)?;
+    let found = be_u32(bytes, 0);
+    if found == expected {
+        return Ok(());
+    }
+    Err(DataError::BadMagic {
+        path: path.to_path_buf(),
+        expected,
+        found,
+    })
+}
+
 /// Parses an IDX image file already in memory.
 pub fn parse_images(path: &Path, bytes: &[u8]) -> Result<IdxImages, DataError> {
+    check_magic(path, bytes, IMAGES_MAGIC)?;
     check_len(path, 16, bytes.len().min(16) as u64)?;
-    let magic = be_u32(bytes, 0);
-    if magic != IMAGES_MAGIC {
-        return Err(DataError::BadMagic {
-            path: path.to_path_buf(),
-            expected: IMAGES_MAGIC,
-            found: magic,
-        });
-    }
     let [count, rows, cols] = [4, 8, 12].map(|at| be_u32(bytes, at) as u64);
-    let expected = 16 + count * rows * cols;
+    let expected = count
+        .saturating_mul(rows)
+        .saturating_mul(cols)
+        .saturating_add(16);
     check_len(path, expected, bytes.len() as u64)?;
     Ok(IdxImages {
         count: count as usize,
@@ -99,15 +109,8 @@ pub fn parse_images(path: &Path, bytes: &[u8]) -> Result<IdxImages, DataError> {
 
 /// Parses an IDX label file already in memory, checking every label is below `classes`.
 pub fn parse_labels(path: &Path, bytes: &[u8], classes: usize) -> Result<Vec<u32>, DataError> {
+    check_magic(path, bytes, LABELS_MAGIC)?;
     check_len(path, 8, bytes.len().min(8) as u64)?;
-    let magic = be_u32(bytes, 0);
-    if magic != LABELS_MAGIC {
-        return Err(DataError::BadMagic {
-            path: path.to_path_buf(),
-            expected: LABELS_MAGIC,
-            found: magic,
-        });
-    }
     let count = be_u32(bytes, 4) as u64;
     check_len(path, 8 + count, bytes.len() as u64)?;
     bytes[8..]
@@ -230,9 +233,24 @@ mod tests {
 
     /// A 4x3 dataset: 5 train, 2 test samples.
     fn write_dataset(dir: &Path, gz: bool) {
-        write(dir, "train-images-idx3-ubyte", &images_bytes(5, 4, 3, |i| (i * 7 % 256) as u8), gz);
-        write(dir, "train-labels-idx1-ubyte", &labels_bytes(&[0, 9, 3, 3, 1]), gz);
-        write(dir, "t10k-images-idx3-ubyte", &images_bytes(2, 4, 3, |_| 255), gz);
+        write(
+            dir,
+            "train-images-idx3-ubyte",
+            &images_bytes(5, 4, 3, |i| (i * 7 % 256) as u8),
+            gz,
+        );
+        write(
+            dir,
+            "train-labels-idx1-ubyte",
+            &labels_bytes(&[0, 9, 3, 3, 1]),
+            gz,
+        );
+        write(
+            dir,
+            "t10k-images-idx3-ubyte",
+            &images_bytes(2, 4, 3, |_| 255),
+            gz,
+        );
         write(dir, "t10k-labels-idx1-ubyte", &labels_bytes(&[2, 5]), gz);
     }
 
@@ -261,14 +279,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_dataset(dir.path(), false);
         // swap: a label file where the images should be
-        write(dir.path(), "train-images-idx3-ubyte", &labels_bytes(&[1, 2]), false);
+        write(
+            dir.path(),
+            "train-images-idx3-ubyte",
+            &labels_bytes(&[1, 2]),
+            false,
+        );
         let err = load_dir(dir.path(), MNIST).unwrap_err();
         let msg = err.to_string();
         assert!(
-            matches!(err, DataError::BadMagic { expected: IMAGES_MAGIC, found: LABELS_MAGIC, .. }),
+            matches!(
+                err,
+                DataError::BadMagic {
+                    expected: IMAGES_MAGIC,
+                    found: LABELS_MAGIC,
+                    ..
+                }
+            ),
             "{msg}"
         );
-        assert!(msg.contains("train-images-idx3-ubyte") && msg.contains("0x00000803"), "{msg}");
+        assert!(
+            msg.contains("train-images-idx3-ubyte") && msg.contains("0x00000803"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -280,32 +313,85 @@ mod tests {
         write(dir.path(), "train-images-idx3-ubyte", &short, true);
         let err = load_dir(dir.path(), MNIST).unwrap_err();
         assert!(
-            matches!(err, DataError::Truncated { expected: 76, got: 66, what: "truncated", .. }),
+            matches!(
+                err,
+                DataError::Truncated {
+                    expected: 76,
+                    got: 66,
+                    what: "truncated",
+                    ..
+                }
+            ),
             "{err}"
         );
-        assert!(err.to_string().contains("expected 76 bytes, got 66"), "{err}");
+        assert!(
+            err.to_string().contains("expected 76 bytes, got 66"),
+            "{err}"
+        );
 
         // header itself cut short
-        write(dir.path(), "train-images-idx3-ubyte", &[0, 0, 8], true);
+        write(
+            dir.path(),
+            "train-images-idx3-ubyte",
+            &[0, 0, 8, 3, 0, 0],
+            true,
+        );
         let err = load_dir(dir.path(), MNIST).unwrap_err();
-        assert!(matches!(err, DataError::Truncated { expected: 16, got: 3, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                DataError::Truncated {
+                    expected: 16,
+                    got: 6,
+                    ..
+                }
+            ),
+            "{err}"
+        );
 
         let mut long = labels_bytes(&[1, 2]);
         long.push(0);
-        write(dir.path(), "train-images-idx3-ubyte", &images_bytes(5, 4, 3, |_| 0), true);
+        write(
+            dir.path(),
+            "train-images-idx3-ubyte",
+            &images_bytes(5, 4, 3, |_| 0),
+            true,
+        );
         write(dir.path(), "t10k-labels-idx1-ubyte", &long, true);
         let err = load_dir(dir.path(), MNIST).unwrap_err();
-        assert!(matches!(err, DataError::Truncated { what: "trailing bytes", .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                DataError::Truncated {
+                    what: "trailing bytes",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
     fn label_out_of_range_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         write_dataset(dir.path(), false);
-        write(dir.path(), "train-labels-idx1-ubyte", &labels_bytes(&[0, 1, 10, 3, 1]), false);
+        write(
+            dir.path(),
+            "train-labels-idx1-ubyte",
+            &labels_bytes(&[0, 1, 10, 3, 1]),
+            false,
+        );
         let err = load_dir(dir.path(), MNIST).unwrap_err();
         assert!(
-            matches!(err, DataError::LabelOutOfRange { index: 2, label: 10, classes: 10, .. }),
+            matches!(
+                err,
+                DataError::LabelOutOfRange {
+                    index: 2,
+                    label: 10,
+                    classes: 10,
+                    ..
+                }
+            ),
             "{err}"
         );
     }
@@ -314,9 +400,24 @@ mod tests {
     fn count_mismatch_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         write_dataset(dir.path(), false);
-        write(dir.path(), "t10k-labels-idx1-ubyte", &labels_bytes(&[1, 2, 3]), false);
+        write(
+            dir.path(),
+            "t10k-labels-idx1-ubyte",
+            &labels_bytes(&[1, 2, 3]),
+            false,
+        );
         let err = load_dir(dir.path(), MNIST).unwrap_err();
-        assert!(matches!(err, DataError::CountMismatch { images: 2, labels: 3, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                DataError::CountMismatch {
+                    images: 2,
+                    labels: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(err.to_string().contains("t10k-labels-idx1-ubyte"), "{err}");
     }
 
@@ -324,9 +425,24 @@ mod tests {
     fn test_images_of_another_size_are_an_error() {
         let dir = tempfile::tempdir().unwrap();
         write_dataset(dir.path(), false);
-        write(dir.path(), "t10k-images-idx3-ubyte", &images_bytes(2, 3, 3, |_| 0), false);
+        write(
+            dir.path(),
+            "t10k-images-idx3-ubyte",
+            &images_bytes(2, 3, 3, |_| 0),
+            false,
+        );
         let err = load_dir(dir.path(), MNIST).unwrap_err();
-        assert!(matches!(err, DataError::ImageShape { found_h: 3, expected_h: 4, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                DataError::ImageShape {
+                    found_h: 3,
+                    expected_h: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -343,7 +459,11 @@ mod tests {
     fn corrupt_gzip_is_an_io_error_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         write_dataset(dir.path(), false);
-        std::fs::write(dir.path().join("train-images-idx3-ubyte"), [0x1f, 0x8b, 1, 2, 3]).unwrap();
+        std::fs::write(
+            dir.path().join("train-images-idx3-ubyte"),
+            [0x1f, 0x8b, 1, 2, 3],
+        )
+        .unwrap();
         let err = load_dir(dir.path(), MNIST).unwrap_err();
         assert!(matches!(err, DataError::Io { .. }), "{err}");
         assert!(err.to_string().contains("train-images-idx3-ubyte"), "{err}");

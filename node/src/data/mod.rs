@@ -106,7 +106,10 @@ impl Split {
 
     /// Values per sample (`channels * height * width`), 0 for an empty split.
     pub fn sample_len(&self) -> usize {
-        self.images.len().checked_div(self.labels.len()).unwrap_or(0)
+        self.images
+            .len()
+            .checked_div(self.labels.len())
+            .unwrap_or(0)
     }
 
     /// The pixels of sample `i`, or `None` when `i` is out of range.
@@ -209,7 +212,9 @@ pub enum DataError {
     #[error("unknown dataset {input:?}: expected one of synthetic, fashion-mnist, mnist, cifar10")]
     UnknownDataset { input: String },
     /// An unparsable `--partition` value.
-    #[error("invalid partition {input:?}: {reason}; expected iid, by-class or dirichlet:<alpha> with alpha > 0")]
+    #[error(
+        "invalid partition {input:?}: {reason}; expected iid, by-class or dirichlet:<alpha> with alpha > 0"
+    )]
     BadPartition { input: String, reason: String },
     /// The data cannot be split as asked.
     #[error("cannot partition {samples} samples across {workers} workers: {reason}")]
@@ -236,7 +241,10 @@ pub fn default_data_dir(kind: DatasetKind) -> Option<PathBuf> {
 /// The file datasets ignore `seed`: their splits are fixed by the files.
 pub fn load(kind: DatasetKind, data_dir: Option<&Path>, seed: u64) -> Result<Dataset, DataError> {
     if kind == DatasetKind::Synthetic {
-        return Ok(synthetic::generate(&synthetic::SyntheticConfig::default(), seed));
+        return Ok(synthetic::generate(
+            &synthetic::SyntheticConfig::default(),
+            seed,
+        ));
     }
     let dir = match data_dir {
         Some(d) => d.to_path_buf(),
@@ -311,7 +319,10 @@ mod tests {
             assert_eq!(json, format!("\"{k}\""));
         }
         let err = "imagenet".parse::<DatasetKind>().unwrap_err().to_string();
-        assert!(err.contains("imagenet") && err.contains("fashion-mnist"), "{err}");
+        assert!(
+            err.contains("imagenet") && err.contains("fashion-mnist"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -335,7 +346,10 @@ mod tests {
         assert!(matches!(err, DataError::Missing { .. }));
         assert!(msg.contains("train-images-idx3-ubyte"), "{msg}");
         assert!(msg.contains(&dir.path().display().to_string()), "{msg}");
-        assert!(msg.contains("apt-get install dataset-fashion-mnist"), "{msg}");
+        assert!(
+            msg.contains("apt-get install dataset-fashion-mnist"),
+            "{msg}"
+        );
         assert!(msg.contains("--data-dir"), "{msg}");
     }
 
@@ -363,6 +377,9 @@ mod tests {
             .map(|&x| (x as f64 - mean).powi(2))
             .sum::<f64>()
             / n;
-        assert!(mean.abs() < 0.01 && (var.sqrt() - 1.0).abs() < 0.01, "{mean} {var}");
+        assert!(
+            mean.abs() < 0.01 && (var.sqrt() - 1.0).abs() < 0.01,
+            "{mean} {var}"
+        );
     }
 }

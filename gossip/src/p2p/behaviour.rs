@@ -1,0 +1,284 @@
+//! The libp2p swarm: transports, the protocols every node speaks, and the
+//! task that drives it.
+//!
+//! QUIC is the primary transport and TCP + Noise + Yamux the fallback (dials
+//! try QUIC addresses first). The defaults of several libp2p parts assume
+//! small messages and are raised here:
+//! - the swarm closes a connection after 10 s without streams: a node that
+//!   spends minutes in a forward pass would lose its peers, so the idle
+//!   timeout is an hour (ping and QUIC keep-alives keep links warm);
+//! - QUIC's 10 s idle timeout and 10 MB stream / 15 MB connection windows
+//!   become twice the peer timeout (at least a minute) and 32 / 128 MiB, so a
+//!   model-sized share streams at link speed;
+//! - yamux 0.14 already auto-tunes stream windows up to 1 GiB per connection
+//!   (there is nothing to raise; the old fixed 256 KiB window is gone).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use libp2p::core::ConnectedPoint;
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{
+    Multiaddr, PeerId, Swarm, identify, identity::Keypair, mdns, noise, ping, quic, tcp, yamux,
+};
+use tokio::sync::mpsc;
+
+use super::config::P2pConfig;
+use super::state::lock;
+use crate::CommError;
+
+/// The protocols of a slowmo node. Our own tensor protocols run on
+/// `stream` (libp2p-stream), which hands us raw streams.
+#[derive(NetworkBehaviour)]
+pub(crate) struct Behaviour {
+    identify: identify::Behaviour,
+    ping: ping::Behaviour,
+    mdns: Toggle<mdns::tokio::Behaviour>,
+    pub stream: libp2p_stream::Behaviour,
+}
+
+/// Requests to the swarm task.
+#[derive(Debug)]
+pub(crate) enum SwarmCmd {
+    /// Connect to a peer learned from a member list (no-op if connected).
+    Dial { peer: PeerId, addrs: Vec<Multiaddr> },
+    /// Close every connection to a peer.
+    Disconnect(PeerId),
+    /// The view is settled: stop re-dialing bootstrap addresses and mDNS
+    /// finds.
+    StopDiscovery,
+    /// Stop the swarm task.
+    Shutdown,
+}
+
+/// What the swarm task tells the membership task.
+#[derive(Debug, Clone)]
+pub(crate) enum NetEvent {
+    /// A connection was established; `dialed` is the address we dialed when
+    /// the connection is outbound.
+    Connected {
+        peer: PeerId,
+        dialed: Option<Multiaddr>,
+    },
+    /// The last connection to a peer closed.
+    Disconnected { peer: PeerId },
+}
+
+/// `addr` without a trailing `/p2p/<id>`.
+pub(crate) fn strip_peer(addr: &Multiaddr) -> Multiaddr {
+    addr.iter()
+        .filter(|p| !matches!(p, Protocol::P2p(_)))
+        .collect()
+}
+
+/// The peer id in `addr`, if it ends with `/p2p/<id>`.
+pub(crate) fn peer_in(addr: &Multiaddr) -> Option<PeerId> {
+    addr.iter().find_map(|p| match p {
+        Protocol::P2p(id) => Some(id),
+        _ => None,
+    })
+}
+
+/// QUIC addresses first: dials try addresses in order, one at a time.
+pub(crate) fn quic_first(addrs: &mut [Multiaddr]) {
+    addrs.sort_by_key(|a| !a.iter().any(|p| matches!(p, Protocol::QuicV1)));
+}
+
+/// Parses a list of multiaddrs, naming the first bad one.
+pub(crate) fn parse_addrs(what: &str, addrs: &[String]) -> Result<Vec<Multiaddr>, CommError> {
+    addrs
+        .iter()
+        .map(|s| {
+            s.parse::<Multiaddr>()
+                .map_err(|e| CommError::Other(format!("{what}: `{s}` is not a multiaddr: {e}")))
+        })
+        .collect()
+}
+
+/// Builds the swarm (must run inside the node's tokio runtime).
+pub(crate) fn build_swarm(
+    keypair: Keypair,
+    cfg: &P2pConfig,
+) -> Result<Swarm<Behaviour>, CommError> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        CommError::Other(format!("building the libp2p swarm ({what}): {e}"))
+    };
+    let idle_ms = cfg
+        .peer_timeout
+        .saturating_mul(2)
+        .max(Duration::from_secs(60))
+        .as_millis();
+    let idle_ms = idle_ms.min(u32::MAX as u128) as u32;
+    let mdns_on = cfg.mdns;
+    let swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )
+        .map_err(|e| fail("tcp", &e))?
+        .with_quic_config(move |mut q: quic::Config| {
+            q.max_idle_timeout = idle_ms;
+            q.keep_alive_interval = Duration::from_secs(5);
+            q.max_stream_data = 32 << 20;
+            q.max_connection_data = 128 << 20;
+            q
+        })
+        .with_dns()
+        .map_err(|e| fail("dns", &e))?
+        .with_behaviour(|key| {
+            let mdns = if mdns_on {
+                Some(mdns::tokio::Behaviour::new(
+                    mdns::Config::default(),
+                    key.public().to_peer_id(),
+                )?)
+            } else {
+                None
+            };
+            Ok(Behaviour {
+                identify: identify::Behaviour::new(identify::Config::new(
+                    "/slowmo/1".into(),
+                    key.public(),
+                )),
+                ping: ping::Behaviour::new(ping::Config::new()),
+                mdns: Toggle::from(mdns),
+                stream: libp2p_stream::Behaviour::new(),
+            })
+        })
+        .map_err(|e| fail("behaviour", &e))?
+        .with_swarm_config(|c| {
+            c.with_idle_connection_timeout(Duration::from_secs(3600))
+                .with_dial_concurrency_factor(std::num::NonZeroU8::MIN)
+        })
+        .build();
+    Ok(swarm)
+}
+
+/// Drives the swarm until the command channel closes: forwards connection
+/// events, records listen addresses, dials what it is asked to, and re-dials
+/// bootstrap addresses every second until the view is settled (peers may
+/// start in any order).
+pub(crate) async fn run_swarm(
+    mut swarm: Swarm<Behaviour>,
+    mut commands: mpsc::UnboundedReceiver<SwarmCmd>,
+    events: mpsc::UnboundedSender<NetEvent>,
+    listen_addrs: Arc<Mutex<Vec<Multiaddr>>>,
+    bootstrap: Vec<Multiaddr>,
+) {
+    let local = *swarm.local_peer_id();
+    let mut discovering = true;
+    // Remote addresses of our outbound connections, to know which bootstrap
+    // entries are reached.
+    let mut dialed: HashMap<libp2p::swarm::ConnectionId, Multiaddr> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            cmd = commands.recv() => match cmd {
+                None | Some(SwarmCmd::Shutdown) => break,
+                Some(SwarmCmd::Dial { peer, mut addrs }) => {
+                    if peer == local || swarm.is_connected(&peer) {
+                        continue;
+                    }
+                    quic_first(&mut addrs);
+                    for a in &addrs {
+                        swarm.add_peer_address(peer, a.clone());
+                    }
+                    let opts = DialOpts::peer_id(peer)
+                        .addresses(addrs)
+                        .condition(PeerCondition::DisconnectedAndNotDialing)
+                        .build();
+                    if let Err(e) = swarm.dial(opts) {
+                        tracing::debug!(%peer, "dial failed: {e}");
+                    }
+                }
+                Some(SwarmCmd::Disconnect(peer)) => {
+                    let _ = swarm.disconnect_peer_id(peer);
+                }
+                Some(SwarmCmd::StopDiscovery) => discovering = false,
+            },
+            _ = tick.tick(), if discovering => {
+                // Addresses of one known peer form one dial, QUIC first;
+                // addresses without a peer id are dialed one by one.
+                let mut by_peer: HashMap<PeerId, Vec<Multiaddr>> = HashMap::new();
+                for addr in &bootstrap {
+                    match peer_in(addr) {
+                        Some(p) if p == local || swarm.is_connected(&p) => {}
+                        Some(p) => by_peer.entry(p).or_default().push(addr.clone()),
+                        None => {
+                            let plain = strip_peer(addr);
+                            let reached = dialed.values().any(|a| strip_peer(a) == plain);
+                            if !reached && let Err(e) = swarm.dial(addr.clone()) {
+                                tracing::debug!(%addr, "bootstrap dial failed: {e}");
+                            }
+                        }
+                    }
+                }
+                for (peer, mut addrs) in by_peer {
+                    quic_first(&mut addrs);
+                    let opts = DialOpts::peer_id(peer)
+                        .addresses(addrs)
+                        .condition(PeerCondition::DisconnectedAndNotDialing)
+                        .build();
+                    if let Err(e) = swarm.dial(opts) {
+                        tracing::debug!(%peer, "bootstrap dial failed: {e}");
+                    }
+                }
+            },
+            event = swarm.select_next_some() => match event {
+                SwarmEvent::NewListenAddr { address, .. } => {
+                    tracing::info!(%address, "listening on {address}/p2p/{local}");
+                    lock(&listen_addrs).push(address);
+                }
+                SwarmEvent::ExpiredListenAddr { address, .. } => {
+                    lock(&listen_addrs).retain(|a| a != &address);
+                }
+                SwarmEvent::ConnectionEstablished { peer_id, connection_id, endpoint, .. } => {
+                    let dialed_addr = match endpoint {
+                        ConnectedPoint::Dialer { address, .. } => Some(address),
+                        ConnectedPoint::Listener { .. } => None,
+                    };
+                    tracing::debug!(peer = %peer_id, ?dialed_addr, "connection established");
+                    if let Some(a) = &dialed_addr {
+                        dialed.insert(connection_id, a.clone());
+                    }
+                    let _ = events.send(NetEvent::Connected { peer: peer_id, dialed: dialed_addr });
+                }
+                SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, cause, .. } => {
+                    dialed.remove(&connection_id);
+                    tracing::debug!(peer = %peer_id, ?cause, "connection closed");
+                    if num_established == 0 {
+                        let _ = events.send(NetEvent::Disconnected { peer: peer_id });
+                    }
+                }
+                SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                    tracing::debug!(?peer_id, "outgoing connection failed: {error}");
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
+                    for addr in info.listen_addrs {
+                        swarm.add_peer_address(peer_id, addr);
+                    }
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(found))) => {
+                    for (peer, addr) in found {
+                        swarm.add_peer_address(peer, addr.clone());
+                        if discovering && peer != local && !swarm.is_connected(&peer) {
+                            let opts = DialOpts::peer_id(peer)
+                                .addresses(vec![addr])
+                                .condition(PeerCondition::DisconnectedAndNotDialing)
+                                .build();
+                            let _ = swarm.dial(opts);
+                        }
+                    }
+                }
+                _ => {}
+            },
+        }
+    }
+    tracing::debug!("swarm task finished");
+}

@@ -1,0 +1,182 @@
+//! What a node needs to know to join a run: who it is, where it listens,
+//! whom it asks first, and what every member of the run must share.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What every member of one run shares. A peer whose identity differs in any
+/// field is refused at join, with the field named on both sides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunIdentity {
+    /// Name of the run (free text, chosen by the operator).
+    pub run_id: String,
+    /// Hash of the run configuration (hex).
+    pub config_hash: String,
+    /// Hash of the initial parameters x_{0,0} (hex).
+    pub init_hash: String,
+}
+
+impl RunIdentity {
+    /// The first field in which `theirs` differs from `self`, as
+    /// `(field name, ours, theirs)`.
+    pub fn first_difference(&self, theirs: &RunIdentity) -> Option<(&'static str, String, String)> {
+        let fields = [
+            ("run id", &self.run_id, &theirs.run_id),
+            ("config hash", &self.config_hash, &theirs.config_hash),
+            ("init hash", &self.init_hash, &theirs.init_hash),
+        ];
+        fields
+            .into_iter()
+            .find(|(_, ours, theirs)| ours != theirs)
+            .map(|(name, ours, theirs)| (name, ours.clone(), theirs.clone()))
+    }
+}
+
+/// Configuration of a [`P2pComm`](super::P2pComm).
+///
+/// Built with [`P2pConfig::new`] (defaults that work on one machine) and
+/// adjusted through the public fields or the `with_*` builders.
+#[derive(Debug, Clone)]
+pub struct P2pConfig {
+    /// Multiaddrs to listen on, e.g. `/ip4/0.0.0.0/udp/4001/quic-v1` (QUIC,
+    /// preferred) and `/ip4/0.0.0.0/tcp/4001` (TCP + Noise + Yamux fallback).
+    pub listen: Vec<String>,
+    /// Multiaddrs of peers to contact first, with or without `/p2p/<id>`.
+    pub bootstrap: Vec<String>,
+    /// Where the ed25519 keypair lives (protobuf encoding). Created on the
+    /// first run and reused after, so the peer id (and hence the rank order)
+    /// is stable across restarts. `None`: a fresh identity each start.
+    pub identity_file: Option<PathBuf>,
+    /// Also discover peers on the local network by mDNS.
+    pub mdns: bool,
+    /// The run starts once this many verified peers (including this one)
+    /// agree on the same member list.
+    pub nodes: usize,
+    /// How long [`P2pComm::start`](super::P2pComm::start) waits for the
+    /// members before giving up.
+    pub join_timeout: Duration,
+    /// How long an operation waits for a silent peer before it reports
+    /// [`CommError::PeerTimeout`](crate::CommError::PeerTimeout).
+    pub peer_timeout: Duration,
+    /// Run id, config hash and initial-parameter hash every member must share.
+    pub run: RunIdentity,
+    /// Length of the flat parameter buffer this run exchanges by push-sum.
+    pub payload_floats: usize,
+    /// Hard cap on one message's payload, in bytes (the CBOR header has its
+    /// own small cap). Must hold one push-sum share; all-reduce messages are
+    /// cut to fit.
+    pub max_message_bytes: u64,
+    /// How many rounds ahead of ours a peer's push-sum share may be. Shares
+    /// further ahead are dropped and logged; so is a peer that buffers more
+    /// than this many shares with us.
+    pub round_window: u64,
+    /// Floats per all-reduce message: the pipeline's unit, and the bound on
+    /// the extra memory each ring neighbour costs (a few chunks).
+    pub chunk_floats: usize,
+    /// Rejected messages after which a peer is disconnected.
+    pub max_offences: u32,
+    /// Threads of the node's own tokio runtime.
+    pub worker_threads: usize,
+}
+
+impl P2pConfig {
+    /// Defaults for a run of `nodes` peers exchanging `payload_floats` floats:
+    /// listen on 127.0.0.1 (QUIC and TCP, ephemeral ports), no bootstrap, no
+    /// mDNS, fresh identity, 60 s join and peer timeouts, a size cap of one
+    /// payload or one all-reduce chunk, whichever is larger.
+    pub fn new(run: RunIdentity, nodes: usize, payload_floats: usize) -> Self {
+        let chunk_floats = 1 << 20;
+        let workers = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(2, 4);
+        Self {
+            listen: vec![
+                "/ip4/127.0.0.1/udp/0/quic-v1".to_string(),
+                "/ip4/127.0.0.1/tcp/0".to_string(),
+            ],
+            bootstrap: Vec::new(),
+            identity_file: None,
+            mdns: false,
+            nodes,
+            join_timeout: Duration::from_secs(60),
+            peer_timeout: Duration::from_secs(60),
+            run,
+            payload_floats,
+            max_message_bytes: 4 * payload_floats.max(chunk_floats) as u64,
+            round_window: 256,
+            chunk_floats,
+            max_offences: 16,
+            worker_threads: workers,
+        }
+    }
+
+    /// Replaces the listen addresses.
+    pub fn with_listen<S: Into<String>>(mut self, addrs: impl IntoIterator<Item = S>) -> Self {
+        self.listen = addrs.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Replaces the bootstrap addresses.
+    pub fn with_bootstrap<S: Into<String>>(mut self, addrs: impl IntoIterator<Item = S>) -> Self {
+        self.bootstrap = addrs.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Keeps the keypair in `path` (created if missing).
+    pub fn with_identity_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.identity_file = Some(path.into());
+        self
+    }
+
+    /// Turns mDNS discovery on or off.
+    pub fn with_mdns(mut self, on: bool) -> Self {
+        self.mdns = on;
+        self
+    }
+
+    /// Sets the join timeout.
+    pub fn with_join_timeout(mut self, timeout: Duration) -> Self {
+        self.join_timeout = timeout;
+        self
+    }
+
+    /// Sets the peer timeout.
+    pub fn with_peer_timeout(mut self, timeout: Duration) -> Self {
+        self.peer_timeout = timeout;
+        self
+    }
+
+    /// Sets the all-reduce chunk size (floats, at least 1).
+    pub fn with_chunk_floats(mut self, chunk: usize) -> Self {
+        self.chunk_floats = chunk.max(1);
+        self
+    }
+
+    /// Checks what [`P2pComm::start`](super::P2pComm::start) cannot work
+    /// without, naming the field.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.nodes == 0 {
+            return Err("nodes must be at least 1".into());
+        }
+        if self.listen.is_empty() {
+            return Err("listen: at least one multiaddr is needed".into());
+        }
+        if self.run.run_id.is_empty() {
+            return Err("run.run_id must not be empty".into());
+        }
+        if self.chunk_floats == 0 {
+            return Err("chunk_floats must be at least 1".into());
+        }
+        if self.max_message_bytes < 4 * self.payload_floats as u64 || self.max_message_bytes < 4 {
+            return Err(format!(
+                "max_message_bytes {} is below one payload ({} bytes)",
+                self.max_message_bytes,
+                4 * self.payload_floats
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! Outbound links: one long-lived stream per (peer, protocol), fed by a
+//! queue, so the training thread only copies its data and goes on.
+//!
+//! Opening a stream costs a protocol negotiation, so a link opens one and
+//! keeps it. The receiver writes [`READY`] when it takes the stream over
+//! (libp2p-stream silently drops inbound streams when the application falls
+//! behind, so an unconfirmed stream is retried), and once more after it has
+//! read our end of stream: closing a link therefore tells us that everything
+//! we sent was read.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{AsyncReadExt, AsyncWriteExt};
+use libp2p::{PeerId, Stream, StreamProtocol};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::state::Shared;
+use super::wire::{READY, write_frame};
+
+/// One frame to send: the encoded header and a payload shared by all the
+/// out-peers it goes to.
+pub(crate) struct Outgoing {
+    pub header: Vec<u8>,
+    pub payload: Arc<Vec<u8>>,
+}
+
+/// The sending end of a link.
+pub(crate) struct Link {
+    pub peer: PeerId,
+    pub queue: mpsc::Sender<Outgoing>,
+    pub task: JoinHandle<()>,
+}
+
+/// How long we wait for a receiver's [`READY`] before trying a new stream.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Link {
+    /// Spawns the task of a link to `peer` on `protocol`, holding up to
+    /// `depth` queued frames.
+    pub fn spawn(
+        shared: Arc<Shared>,
+        control: libp2p_stream::Control,
+        peer: PeerId,
+        protocol: StreamProtocol,
+        depth: usize,
+    ) -> Self {
+        let (queue, rx) = mpsc::channel(depth.max(1));
+        let task = tokio::spawn(run_link(shared, control, peer, protocol, rx));
+        Self { peer, queue, task }
+    }
+}
+
+/// Opens a stream and waits for the receiver to take it over.
+async fn open(
+    control: &mut libp2p_stream::Control,
+    peer: PeerId,
+    protocol: &StreamProtocol,
+) -> Result<Stream, String> {
+    let mut stream = control
+        .open_stream(peer, protocol.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(READY_TIMEOUT, stream.read_exact(&mut byte)).await {
+        Ok(Ok(())) if byte[0] == READY => Ok(stream),
+        Ok(Ok(())) => Err(format!(
+            "receiver answered {:#04x} instead of ready",
+            byte[0]
+        )),
+        Ok(Err(e)) => Err(format!("receiver dropped the stream: {e}")),
+        Err(_) => Err(format!("no ready byte within {READY_TIMEOUT:?}")),
+    }
+}
+
+async fn run_link(
+    shared: Arc<Shared>,
+    mut control: libp2p_stream::Control,
+    peer: PeerId,
+    protocol: StreamProtocol,
+    mut rx: mpsc::Receiver<Outgoing>,
+) {
+    let mut stream: Option<Stream> = None;
+    let give_up_after = shared.cfg.peer_timeout;
+    while let Some(msg) = rx.recv().await {
+        send_one(&shared, &mut control, peer, &protocol, &mut stream, &msg).await;
+        // The last link done with a payload hands its buffer back.
+        if let Ok(buf) = Arc::try_unwrap(msg.payload) {
+            shared.pool.give(buf);
+        }
+    }
+    if let Some(mut s) = stream {
+        goodbye(
+            &mut s,
+            peer,
+            &protocol,
+            give_up_after.min(Duration::from_secs(10)),
+        )
+        .await;
+    }
+}
+
+/// Writes one frame, reopening the stream as needed, for at most the peer
+/// timeout.
+async fn send_one(
+    shared: &Shared,
+    control: &mut libp2p_stream::Control,
+    peer: PeerId,
+    protocol: &StreamProtocol,
+    stream: &mut Option<Stream>,
+    msg: &Outgoing,
+) {
+    let give_up_after = shared.cfg.peer_timeout;
+    let started = Instant::now();
+    let bytes = (msg.header.len() + msg.payload.len()) as u64;
+    loop {
+        if stream.is_none() {
+            match open(control, peer, protocol).await {
+                Ok(s) => *stream = Some(s),
+                Err(e) => {
+                    if started.elapsed() >= give_up_after {
+                        tracing::error!(%peer, %protocol, "giving up on a message to {peer} after {give_up_after:?}: {e}");
+                        return;
+                    }
+                    tracing::debug!(%peer, %protocol, "opening a stream failed, retrying: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        let s = stream.as_mut().expect("stream opened above");
+        match write_frame(s, &msg.header, &msg.payload[..]).await {
+            Ok(()) => {
+                shared.counters.sent(bytes);
+                return;
+            }
+            Err(e) => {
+                // The receiver drops a frame that ends early and ignores a
+                // repeated share, so sending again is safe.
+                tracing::warn!(%peer, %protocol, "writing to {peer} failed, retrying on a new stream: {e}");
+                *stream = None;
+                if started.elapsed() >= give_up_after {
+                    tracing::error!(%peer, %protocol, "giving up on a message to {peer} after {give_up_after:?}");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Closes our side and waits for the receiver's confirmation that it read
+/// everything.
+async fn goodbye(stream: &mut Stream, peer: PeerId, protocol: &StreamProtocol, wait: Duration) {
+    let _ = stream.close().await;
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(wait, stream.read_exact(&mut byte)).await {
+        Ok(Ok(())) => tracing::debug!(%peer, %protocol, "link closed, receiver confirmed"),
+        Ok(Err(e)) => tracing::debug!(%peer, %protocol, "link closed without confirmation: {e}"),
+        Err(_) => {
+            tracing::warn!(%peer, %protocol, "{peer} did not confirm the end of our stream within {wait:?}")
+        }
+    }
+}

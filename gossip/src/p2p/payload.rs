@@ -1,0 +1,247 @@
+//! Payload bytes: conversion, the streaming checksum and finiteness scan,
+//! and a small pool of buffers.
+//!
+//! A model-sized message touches memory a few times on each side; these
+//! helpers keep it to as few passes as possible, each over data that is
+//! still in cache (convert and checksum a block at a time, scan each block
+//! right after it was read), and recycle buffers so that a 100 MB share does
+//! not cost 25 000 fresh page faults every round.
+
+use std::sync::Mutex;
+
+use super::state::lock;
+
+const LANES: usize = 8;
+/// `f32` exponent bits: all ones means infinity or NaN.
+const EXP: u32 = 0x7f80_0000;
+/// Floats converted (and checksummed) per block while sending.
+const BLOCK: usize = 4096;
+
+/// Fletcher-style 64-bit checksum over 32-bit LE words in eight independent
+/// lanes (word k goes to lane k mod 8), fed in pieces, noting any infinity
+/// or NaN on the way. A trailing partial word is zero-padded.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
+    a: [u64; LANES],
+    b: [u64; LANES],
+    words: usize,
+    bytes: u64,
+    non_finite: bool,
+}
+
+impl Scan {
+    /// Feeds the next bytes; every call but the last must hold whole words.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.bytes += bytes.len() as u64;
+        let mut i = 0;
+        while self.words % LANES != 0 && i + 4 <= bytes.len() {
+            self.word(u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap()));
+            i += 4;
+        }
+        let mut blocks = bytes[i..].chunks_exact(4 * LANES);
+        let mut bad = false;
+        for block in &mut blocks {
+            for lane in 0..LANES {
+                let w = u32::from_le_bytes(block[4 * lane..4 * lane + 4].try_into().unwrap());
+                self.a[lane] = self.a[lane].wrapping_add(w as u64);
+                self.b[lane] = self.b[lane].wrapping_add(self.a[lane]);
+                bad |= w & EXP == EXP;
+            }
+            self.words += LANES;
+        }
+        self.non_finite |= bad;
+        for word in blocks.remainder().chunks(4) {
+            let mut padded = [0u8; 4];
+            padded[..word.len()].copy_from_slice(word);
+            self.word(u32::from_le_bytes(padded));
+        }
+    }
+
+    #[inline]
+    fn word(&mut self, w: u32) {
+        let lane = self.words % LANES;
+        self.a[lane] = self.a[lane].wrapping_add(w as u64);
+        self.b[lane] = self.b[lane].wrapping_add(self.a[lane]);
+        self.non_finite |= w & EXP == EXP;
+        self.words += 1;
+    }
+
+    /// The checksum of everything fed.
+    pub fn checksum(&self) -> u64 {
+        let mut sum = self.bytes.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for lane in 0..LANES {
+            sum = sum.rotate_left(7) ^ self.a[lane];
+            sum = sum.rotate_left(13) ^ self.b[lane];
+        }
+        sum
+    }
+
+    /// Whether any whole word fed was an `f32` infinity or NaN.
+    pub fn non_finite(&self) -> bool {
+        self.non_finite
+    }
+}
+
+/// Checksum of a whole payload (see [`Scan`]).
+pub fn checksum(bytes: &[u8]) -> u64 {
+    let mut s = Scan::default();
+    s.feed(bytes);
+    s.checksum()
+}
+
+/// The first non-finite element of an `f32` LE payload, if any.
+pub fn first_non_finite(bytes: &[u8]) -> Option<(usize, f32)> {
+    let bad = bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .position(|bits| bits & EXP == EXP)?;
+    let v = f32::from_le_bytes(bytes[4 * bad..4 * bad + 4].try_into().unwrap());
+    Some((bad, v))
+}
+
+/// `floats` as little-endian bytes in a new buffer.
+pub fn f32_to_bytes(floats: &[f32]) -> Vec<u8> {
+    encode_f32(floats, Vec::new()).0
+}
+
+/// `buf` resized to `n` bytes, zero-filling only what it did not hold.
+pub(crate) fn sized(mut buf: Vec<u8>, n: usize) -> Vec<u8> {
+    if buf.len() >= n {
+        buf.truncate(n);
+    } else {
+        buf.resize(n, 0);
+    }
+    buf
+}
+
+/// Writes `floats` as LE bytes into `buf` (reused) and checksums them in the
+/// same pass, a cache-sized block at a time.
+pub fn encode_f32(floats: &[f32], buf: Vec<u8>) -> (Vec<u8>, u64) {
+    let mut buf = sized(buf, 4 * floats.len());
+    let mut scan = Scan::default();
+    for (dst, src) in buf.chunks_mut(4 * BLOCK).zip(floats.chunks(BLOCK)) {
+        for (d, v) in dst.chunks_exact_mut(4).zip(src) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+        scan.feed(dst);
+    }
+    (buf, scan.checksum())
+}
+
+/// `dst[i] += payload[i]` for an `f32` LE payload.
+pub fn add_bytes(dst: &mut [f32], payload: &[u8]) {
+    for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
+        *d += f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    }
+}
+
+/// `dst[i] = payload[i]` for an `f32` LE payload.
+pub fn copy_bytes(dst: &mut [f32], payload: &[u8]) {
+    for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
+        *d = f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    }
+}
+
+/// Recycled payload buffers, bounded in count and bytes.
+pub(crate) struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    max_buffers: usize,
+    max_bytes: usize,
+}
+
+impl BufferPool {
+    pub fn new(max_buffers: usize, max_bytes: usize) -> Self {
+        Self {
+            free: Mutex::new(Vec::new()),
+            max_buffers,
+            max_bytes,
+        }
+    }
+
+    /// A buffer that can hold `want` bytes without reallocating if the pool
+    /// has one, else any pooled buffer, else a new empty one.
+    pub fn take(&self, want: usize) -> Vec<u8> {
+        let mut free = lock(&self.free);
+        match free.iter().position(|b| b.capacity() >= want) {
+            Some(i) => free.swap_remove(i),
+            None => free.pop().unwrap_or_default(),
+        }
+    }
+
+    /// Returns a buffer for reuse (dropped if the pool is full).
+    pub fn give(&self, buf: Vec<u8>) {
+        if buf.capacity() == 0 {
+            return;
+        }
+        let mut free = lock(&self.free);
+        let held: usize = free.iter().map(|b| b.capacity()).sum();
+        if free.len() < self.max_buffers && held + buf.capacity() <= self.max_bytes {
+            free.push(buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_sees_swapped_and_changed_words() {
+        let a = f32_to_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]);
+        let b = f32_to_bytes(&[2.0, 1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]);
+        let c = f32_to_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.5]);
+        assert_ne!(checksum(&a), checksum(&b));
+        assert_ne!(checksum(&a), checksum(&c));
+        assert_ne!(checksum(&a), checksum(&a[..36]));
+    }
+
+    #[test]
+    fn fed_in_pieces_or_at_once_the_checksum_is_the_same() {
+        let x: Vec<f32> = (0..10_007).map(|i| i as f32 * 0.25 - 7.0).collect();
+        let (bytes, sum) = encode_f32(&x, vec![9u8; 3]);
+        assert_eq!(
+            bytes,
+            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()
+        );
+        assert_eq!(sum, checksum(&bytes));
+        for piece in [4, 12, 36, 4000] {
+            let mut s = Scan::default();
+            for p in bytes.chunks(piece) {
+                s.feed(p);
+            }
+            assert_eq!(s.checksum(), sum, "pieces of {piece}");
+            assert!(!s.non_finite());
+        }
+    }
+
+    #[test]
+    fn non_finite_values_are_found() {
+        assert_eq!(
+            first_non_finite(&f32_to_bytes(&[1.0, f32::MAX, -0.0])),
+            None
+        );
+        assert_eq!(
+            first_non_finite(&f32_to_bytes(&[1.0, f32::INFINITY]))
+                .unwrap()
+                .0,
+            1
+        );
+        assert_eq!(first_non_finite(&f32_to_bytes(&[f32::NAN])).unwrap().0, 0);
+        let mut s = Scan::default();
+        s.feed(&f32_to_bytes(&[0.0; 20]));
+        s.feed(&f32_to_bytes(&[f32::NEG_INFINITY]));
+        assert!(s.non_finite());
+    }
+
+    #[test]
+    fn the_pool_reuses_and_stays_bounded() {
+        let pool = BufferPool::new(2, 1000);
+        pool.give(vec![0u8; 100]);
+        pool.give(vec![0u8; 600]);
+        pool.give(vec![0u8; 50]); // over the count
+        assert_eq!(pool.take(500).len(), 600);
+        pool.give(vec![0u8; 950]); // over the bytes
+        assert_eq!(pool.take(10).len(), 100);
+        assert!(pool.take(10).is_empty());
+    }
+}

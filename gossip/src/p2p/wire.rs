@@ -1,0 +1,315 @@
+//! The tensor wire format shared by our stream protocols.
+//!
+//! A frame is `u32 LE header length`, a CBOR [`Header`], then `4 * len` bytes
+//! of little-endian `f32` payload written in chunks. The header says what the
+//! payload is, so the receiver can refuse it before reading a byte of it; the
+//! checksum catches framing bugs (the transport already authenticates and
+//! encrypts every byte, so it is no MAC).
+
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use serde::{Deserialize, Serialize};
+
+/// Version of the frame layout and header fields; bumped on incompatible
+/// change, together with the protocol names' major version.
+pub const WIRE_VERSION: u16 = 1;
+/// Push-sum shares.
+pub const PUSH_SUM_PROTOCOL: &str = "/slowmo/push-sum/1";
+/// Ring all-reduce chunks (also the barrier).
+pub const ALL_REDUCE_PROTOCOL: &str = "/slowmo/all-reduce/1";
+/// Join handshake and view agreement.
+pub const MEMBERSHIP_PROTOCOL: &str = "/slowmo/membership/1";
+/// Largest CBOR header we read.
+pub const MAX_HEADER_BYTES: u32 = 4096;
+/// The byte a receiver writes when it takes a stream over, and again when it
+/// has read the sender's end of stream: the sender then knows its data
+/// arrived.
+pub const READY: u8 = 0x5a;
+/// Bytes written per `write_all` call of a payload.
+const WRITE_CHUNK: usize = 1 << 20;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// One push-sum share: `len == payload_floats`, `weight` is the share of w.
+    PushSum,
+    /// A reduce-scatter chunk of a ring all-reduce: `len <= chunk`, located
+    /// by `offset` inside a buffer of `total` floats; `weight` carries the
+    /// partial scalar on the first chunk of segment 0.
+    ReduceScatter,
+    /// An all-gather chunk (fully reduced values), laid out as above.
+    AllGather,
+}
+
+/// Element type of the payload. Only `f32` exists today; the field is there
+/// so that adding `bf16` is not a wire break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+}
+
+/// The CBOR header in front of every payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    pub version: u16,
+    pub run_id: String,
+    /// Membership view number the sender is in.
+    pub view: u64,
+    /// The sender's peer id (must match the authenticated connection).
+    pub sender: String,
+    /// Push-sum round, or the all-reduce sequence number.
+    pub round: u64,
+    pub kind: Kind,
+    pub dtype: DType,
+    /// Payload length in elements.
+    pub len: u64,
+    /// Push-sum weight, or the all-reduce scalar.
+    pub weight: f64,
+    /// [`checksum`] of the payload bytes.
+    pub checksum: u64,
+    /// All-reduce: ring step (0-based over reduce-scatter then all-gather).
+    pub step: u32,
+    /// All-reduce: index of the first element in the whole buffer.
+    pub offset: u64,
+    /// All-reduce: length of the whole buffer.
+    pub total: u64,
+}
+
+/// Why a frame was refused. Displayed in the warning that names the peer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Reject {
+    #[error("malformed header: {0}")]
+    MalformedHeader(String),
+    #[error("protocol version {got}, we speak {WIRE_VERSION}")]
+    Version { got: u16 },
+    #[error("run id `{got}`, ours is `{expected}`")]
+    RunId { expected: String, got: String },
+    #[error("view {got}, ours is {expected}")]
+    View { expected: u64, got: u64 },
+    #[error("header names sender {claimed} on a connection authenticated as {actual}")]
+    Sender { claimed: String, actual: String },
+    #[error("peer is not a member of view {view}")]
+    NotMember { view: u64 },
+    #[error("{kind:?} frame on protocol {protocol}")]
+    WrongKind { kind: Kind, protocol: &'static str },
+    #[error("payload of {got} floats where the run exchanges {expected}")]
+    Shape { expected: u64, got: u64 },
+    #[error("chunk of {len} floats at offset {offset} does not fit a buffer of {total}")]
+    Layout { offset: u64, len: u64, total: u64 },
+    #[error("announced payload of {announced} bytes exceeds the cap of {cap} bytes")]
+    TooLarge { announced: u64, cap: u64 },
+    #[error("round {round} is more than {window} rounds ahead of our round {ours}")]
+    RoundWindow { round: u64, ours: u64, window: u64 },
+    #[error("sender already has {buffered} shares buffered with us (limit {limit})")]
+    TooManyBuffered { buffered: usize, limit: u64 },
+    #[error("duplicate share of round {round}")]
+    Duplicate { round: u64 },
+    #[error("payload truncated: announced {announced} bytes, stream ended after {got}")]
+    Truncated { announced: u64, got: u64 },
+    #[error("non-finite value {value} at index {index}")]
+    NonFinite { index: usize, value: f32 },
+    #[error("checksum mismatch: header says {announced:016x}, payload gives {actual:016x}")]
+    Checksum { announced: u64, actual: u64 },
+    #[error("weight {0} is not a finite number")]
+    Weight(f64),
+}
+
+/// Why reading a frame stopped.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The sender closed the stream cleanly between two frames.
+    Eof,
+    /// The stream broke.
+    Io(std::io::Error),
+    /// The frame was refused.
+    Rejected(Reject),
+}
+
+impl From<std::io::Error> for ReadError {
+    fn from(e: std::io::Error) -> Self {
+        ReadError::Io(e)
+    }
+}
+
+pub use super::payload::{
+    Scan, add_bytes, checksum, copy_bytes, encode_f32, f32_to_bytes, first_non_finite,
+};
+
+/// Length prefix and CBOR encoding of `header`.
+pub fn encode_header(header: &Header) -> Vec<u8> {
+    let cbor = cbor4ii::serde::to_vec(Vec::with_capacity(256), header)
+        .expect("encoding a header into a Vec cannot fail");
+    let mut out = Vec::with_capacity(4 + cbor.len());
+    out.extend_from_slice(&(cbor.len() as u32).to_le_bytes());
+    out.extend_from_slice(&cbor);
+    out
+}
+
+/// Writes one frame: the encoded header, then the payload in chunks.
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    header: &[u8],
+    payload: &[u8],
+) -> std::io::Result<()> {
+    w.write_all(header).await?;
+    for chunk in payload.chunks(WRITE_CHUNK) {
+        w.write_all(chunk).await?;
+    }
+    w.flush().await
+}
+
+/// Reads the next header and returns it with its size on the wire. A clean
+/// end of stream before the first byte is [`ReadError::Eof`].
+pub async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<(Header, u64), ReadError> {
+    let mut prefix = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        let n = r.read(&mut prefix[got..]).await?;
+        if n == 0 {
+            return Err(if got == 0 {
+                ReadError::Eof
+            } else {
+                ReadError::Rejected(Reject::MalformedHeader(
+                    "stream ended inside the length prefix".into(),
+                ))
+            });
+        }
+        got += n;
+    }
+    let len = u32::from_le_bytes(prefix);
+    if len == 0 || len > MAX_HEADER_BYTES {
+        return Err(ReadError::Rejected(Reject::MalformedHeader(format!(
+            "header length {len} outside 1..={MAX_HEADER_BYTES}"
+        ))));
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => ReadError::Rejected(Reject::MalformedHeader(
+            "stream ended inside the header".into(),
+        )),
+        _ => ReadError::Io(e),
+    })?;
+    let header = cbor4ii::serde::from_slice(&buf).map_err(|e| {
+        ReadError::Rejected(Reject::MalformedHeader(format!("not a CBOR header: {e}")))
+    })?;
+    Ok((header, 4 + len as u64))
+}
+
+/// Reads exactly `len` bytes of payload into `buf` (a recycled buffer, or
+/// an empty one that grows as data arrives: a lying length costs the liar
+/// bandwidth, not our memory up front), scanning each piece right after it
+/// arrives.
+pub async fn read_payload<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: u64,
+    buf: Vec<u8>,
+) -> Result<(Vec<u8>, Scan), ReadError> {
+    let len = len as usize;
+    let mut out = buf;
+    out.truncate(len);
+    let mut scan = Scan::default();
+    let (mut filled, mut scanned) = (0, 0);
+    while filled < len {
+        if filled == out.len() {
+            let grow = (len - filled).min(out.len().max(1 << 20));
+            out.resize(out.len() + grow, 0);
+        }
+        let n = r.read(&mut out[filled..]).await?;
+        if n == 0 {
+            return Err(ReadError::Rejected(Reject::Truncated {
+                announced: len as u64,
+                got: filled as u64,
+            }));
+        }
+        filled += n;
+        let whole = if filled == len { len } else { filled & !3 };
+        scan.feed(&out[scanned..whole]);
+        scanned = whole;
+    }
+    Ok((out, scan))
+}
+
+/// Finiteness and checksum of a payload read for `header`, from the scan
+/// made while reading it.
+pub fn check_payload(header: &Header, payload: &[u8], scan: &Scan) -> Result<(), Reject> {
+    if scan.non_finite()
+        && let Some((index, value)) = first_non_finite(payload)
+    {
+        return Err(Reject::NonFinite { index, value });
+    }
+    let actual = scan.checksum();
+    if actual != header.checksum {
+        return Err(Reject::Checksum {
+            announced: header.checksum,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            version: WIRE_VERSION,
+            run_id: "run".into(),
+            view: 0,
+            sender: "me".into(),
+            round: 7,
+            kind: Kind::PushSum,
+            dtype: DType::F32,
+            len: 3,
+            weight: 0.5,
+            checksum: 0,
+            step: 0,
+            offset: 0,
+            total: 3,
+        }
+    }
+
+    #[test]
+    fn header_round_trips_through_a_frame() {
+        let payload = f32_to_bytes(&[1.0, -2.0, 3.5]);
+        let mut h = header();
+        h.checksum = checksum(&payload);
+        let mut wire = Vec::new();
+        futures::executor::block_on(write_frame(&mut wire, &encode_header(&h), &payload)).unwrap();
+        let mut r = futures::io::Cursor::new(wire);
+        let (got, size) = futures::executor::block_on(read_header(&mut r)).unwrap();
+        assert_eq!(got, h);
+        assert_eq!(size as usize, encode_header(&h).len());
+        let (body, scan) =
+            futures::executor::block_on(read_payload(&mut r, 12, vec![1; 40])).unwrap();
+        assert_eq!(body, payload);
+        check_payload(&got, &body, &scan).unwrap();
+        assert!(matches!(
+            futures::executor::block_on(read_header(&mut r)),
+            Err(ReadError::Eof)
+        ));
+    }
+
+    #[test]
+    fn garbage_and_truncated_frames_are_refused() {
+        let mut r = futures::io::Cursor::new(vec![5u8, 0, 0, 0, 1, 2, 3, 4, 5]);
+        assert!(matches!(
+            futures::executor::block_on(read_header(&mut r)),
+            Err(ReadError::Rejected(Reject::MalformedHeader(_)))
+        ));
+        let mut r = futures::io::Cursor::new(vec![0xff, 0xff, 0xff, 0x7f]);
+        assert!(matches!(
+            futures::executor::block_on(read_header(&mut r)),
+            Err(ReadError::Rejected(Reject::MalformedHeader(_)))
+        ));
+        let mut r = futures::io::Cursor::new(vec![1u8; 10]);
+        assert!(matches!(
+            futures::executor::block_on(read_payload(&mut r, 12, Vec::new())),
+            Err(ReadError::Rejected(Reject::Truncated {
+                announced: 12,
+                got: 10
+            }))
+        ));
+    }
+}

@@ -1,0 +1,73 @@
+//! Ring all-reduce over libp2p: exact sums, identical bits on every rank.
+
+use slowmo_gossip::Communicator;
+
+use crate::common::{floats, group, on_all, shutdown_all};
+
+/// All-reduces a rank-specific buffer of `n` floats on a group of `m`
+/// (chunks of 7 floats so that segments span several messages) and checks
+/// the result against the exact sum and across ranks.
+fn check(m: usize, n: usize) {
+    let comms = group(m, n.max(1), |c| c.with_chunk_floats(7));
+    let (comms, got) = on_all(comms, move |c| {
+        let mut buf = floats(c.rank() as u64 + 11, n);
+        let mut scalar = 0.5 + c.rank() as f64;
+        c.all_reduce_sum(&mut buf, &mut scalar).unwrap();
+        c.barrier().unwrap();
+        (buf, scalar)
+    });
+    for i in 0..n {
+        let exact: f64 = (0..m).map(|r| floats(r as u64 + 11, n)[i] as f64).sum();
+        assert!(
+            (got[0].0[i] as f64 - exact).abs() < 1e-5,
+            "m={m} n={n} element {i}: {} vs {exact}",
+            got[0].0[i]
+        );
+    }
+    let exact_scalar: f64 = (0..m).map(|r| 0.5 + r as f64).sum();
+    for (rank, (buf, scalar)) in got.iter().enumerate() {
+        assert_eq!(*scalar, exact_scalar, "rank {rank} scalar");
+        let same = buf
+            .iter()
+            .zip(&got[0].0)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "rank {rank} differs in bits from rank 0 (m={m}, n={n})"
+        );
+    }
+    shutdown_all(comms);
+}
+
+#[test]
+fn all_reduce_on_four_ranks_is_exact_and_bit_identical() {
+    check(4, 1003);
+}
+
+#[test]
+fn all_reduce_on_three_ranks_with_uneven_and_tiny_buffers() {
+    check(3, 100);
+    check(3, 2);
+}
+
+#[test]
+fn repeated_all_reduces_stay_in_step() {
+    let comms = group(3, 64, |c| c.with_chunk_floats(16));
+    let (comms, got) = on_all(comms, |c| {
+        let mut out = Vec::new();
+        for k in 0..5 {
+            let mut buf = vec![(c.rank() + k) as f32; 64];
+            let mut s = 1.0;
+            c.all_reduce_sum(&mut buf, &mut s).unwrap();
+            out.push((buf[0], buf[63], s));
+        }
+        out
+    });
+    for per_rank in &got {
+        for (k, (a, b, s)) in per_rank.iter().enumerate() {
+            let want = (3 * k + 3) as f32;
+            assert_eq!((*a, *b, *s), (want, want, 3.0));
+        }
+    }
+    shutdown_all(comms);
+}

@@ -1,0 +1,8 @@
+//! Real libp2p nodes on 127.0.0.1, several per process (one binary so that
+//! libp2p is linked once).
+
+mod all_reduce;
+mod common;
+mod join;
+mod push_sum;
+mod validation;

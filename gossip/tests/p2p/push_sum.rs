@@ -1,0 +1,111 @@
+//! Push-sum over libp2p against the in-memory reference.
+
+use std::time::Duration;
+
+use slowmo_gossip::memory::MemoryNetwork;
+use slowmo_gossip::{Communicator, PushSumRound};
+use slowmo_topologies::{DirectedExponential, Topology};
+
+use crate::common::{floats, group, on_all, shutdown_all};
+
+const N: usize = 1000;
+const ROUNDS: u64 = 9;
+
+/// Runs `ROUNDS` push-sum rounds over the exponential graph then drains;
+/// returns (x, w) of this rank.
+fn gossip(comm: &mut dyn Communicator, staleness: u64) -> (Vec<f32>, f64) {
+    let m = comm.world_size();
+    let graph = DirectedExponential::new(m).unwrap();
+    let rank = comm.rank();
+    let mut x = floats(rank as u64 + 1, N);
+    let mut w = 1.0;
+    for round in 0..ROUNDS {
+        // A stand-in for the local step, different on every rank.
+        for (i, v) in x.iter_mut().enumerate() {
+            *v += 1e-3 * ((i + rank) % 7) as f32;
+        }
+        let out = graph.out_peers(rank, round);
+        let inp = graph.in_peers(rank, round);
+        let r = PushSumRound {
+            round,
+            out_peers: &out,
+            in_peers: &inp,
+            staleness,
+        };
+        comm.push_sum(&r, &mut x, &mut w).unwrap();
+    }
+    comm.drain(&mut x, &mut w).unwrap();
+    (x, w)
+}
+
+fn reference(m: usize, staleness: u64) -> Vec<(Vec<f32>, f64)> {
+    let handles: Vec<_> = MemoryNetwork::new(m, Duration::from_secs(10))
+        .into_iter()
+        .map(|mut c| std::thread::spawn(move || gossip(&mut c, staleness)))
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn sgp_over_libp2p_matches_the_memory_network() {
+    let comms = group(4, N, |c| c);
+    let (comms, got) = on_all(comms, |c| gossip(c, 0));
+    let want = reference(4, 0);
+    for (rank, ((x, w), (rx, rw))) in got.iter().zip(&want).enumerate() {
+        assert!((w - rw).abs() <= 1e-12, "rank {rank}: w {w} vs {rw}");
+        for (i, (a, b)) in x.iter().zip(rx).enumerate() {
+            let tol = 1e-6 * b.abs().max(1e-3);
+            assert!((a - b).abs() <= tol, "rank {rank} element {i}: {a} vs {b}");
+        }
+    }
+    let total_w: f64 = got.iter().map(|(_, w)| w).sum();
+    assert!((total_w - 4.0).abs() < 1e-12, "sum of w {total_w}");
+    for c in &comms {
+        let s = c.stats();
+        assert_eq!(s.messages_dropped, 0);
+        assert_eq!(s.messages_sent, ROUNDS);
+        assert_eq!(s.messages_received, ROUNDS);
+    }
+    shutdown_all(comms);
+}
+
+#[test]
+fn osgp_with_staleness_conserves_mass() {
+    let comms = group(4, N, |c| c);
+    let (comms, got) = on_all(comms, |c| gossip(c, 2));
+    let want = reference(4, 2);
+    let total_w: f64 = got.iter().map(|(_, w)| w).sum();
+    assert!((total_w - 4.0).abs() < 1e-12, "sum of w {total_w}");
+    // Sum of x depends only on the local steps, not on when shares landed.
+    for i in (0..N).step_by(97) {
+        let got_sum: f64 = got.iter().map(|(x, _)| x[i] as f64).sum();
+        let want_sum: f64 = want.iter().map(|(x, _)| x[i] as f64).sum();
+        assert!(
+            (got_sum - want_sum).abs() < 1e-4,
+            "element {i}: {got_sum} vs {want_sum}"
+        );
+    }
+    shutdown_all(comms);
+}
+
+#[test]
+fn a_run_of_one_needs_no_network() {
+    let mut comms = group(1, 8, |c| c);
+    let mut c = comms.pop().unwrap();
+    assert_eq!((c.rank(), c.world_size()), (0, 1));
+    let mut x = vec![2.0f32; 8];
+    let mut w = 1.0;
+    let r = PushSumRound {
+        round: 0,
+        out_peers: &[],
+        in_peers: &[],
+        staleness: 0,
+    };
+    c.push_sum(&r, &mut x, &mut w).unwrap();
+    let mut s = 3.0;
+    c.all_reduce_sum(&mut x, &mut s).unwrap();
+    c.barrier().unwrap();
+    assert_eq!((x, w, s), (vec![2.0f32; 8], 1.0, 3.0));
+    assert_eq!(c.stats(), Default::default());
+    c.shutdown();
+}

@@ -1,1 +1,0 @@
-//! Models (filled in by the model work).

@@ -1,0 +1,469 @@
+//! Models over one flat parameter vector.
+//!
+//! The optimisers, gossip and SlowMo all work on a node's parameters as one
+//! contiguous `f32` buffer, so a [`Model`] never owns its weights: every call
+//! takes the flat `params` slice, and [`Model::loss_and_grad`] writes one flat
+//! gradient aligned with it. [`Model::layout`] says which slice of the buffer
+//! is which named tensor (`fc1.weight`, `conv1.bias`, ...), which is also the
+//! safetensors layout.
+//!
+//! Two architectures: an MLP (flattened input, ReLU hidden layers) and a
+//! LeNet-5-style CNN (conv 5x5x6 with padding 2, max-pool 2, ReLU, conv
+//! 5x5x16, max-pool 2, ReLU, fc 120, fc 84, fc classes) that takes 28x28x1 as
+//! well as 32x32x3 images.
+//!
+//! # How parameters reach candle
+//!
+//! Two ways were implemented and measured for the 784-256-10 MLP at batch 32
+//! on one CPU thread (`RAYON_NUM_THREADS=1`, release build, run
+//! `cargo test --release -p slowmo-node --lib -- --ignored bench_param_strategies --nocapture`):
+//!
+//! | strategy | per step |
+//! |---|---|
+//! | per-layer tensors copied in, gradients copied out (kept) | MEASURED_PER_LAYER |
+//! | one flat `Var`, layers as `narrow` + `reshape` views | MEASURED_FLAT |
+//!
+//! The flat `Var` loses because candle's backward of `narrow` pads each
+//! view's gradient with zeros to the full parameter length and adds it to
+//! the running sum: one full-size allocation, concatenation and addition per
+//! parameter tensor, on top of the same copy in and out.
+
+mod arch;
+mod io;
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use candle_core::{DType, Device, Storage, Tensor, Var};
+use slowmo_optim::Rng;
+
+use crate::data::Split;
+use arch::Arch;
+
+/// Which network to train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// Multi-layer perceptron on the flattened image.
+    Mlp,
+    /// LeNet-5-style convolutional network.
+    Cnn,
+}
+
+impl ModelKind {
+    /// The name used on the command line and in configs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Cnn => "cnn",
+        }
+    }
+}
+
+impl fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ModelKind {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "mlp" => Ok(ModelKind::Mlp),
+            "cnn" => Ok(ModelKind::Cnn),
+            _ => Err(ModelError::UnknownModel {
+                input: s.to_string(),
+            }),
+        }
+    }
+}
+
+/// Where one named parameter tensor lives in the flat buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    /// PyTorch-style name, e.g. `fc1.weight`.
+    pub name: String,
+    /// Tensor shape (PyTorch conventions: linear weights are `(out, in)`).
+    pub shape: Vec<usize>,
+    /// Index of the first element in the flat buffer.
+    pub offset: usize,
+}
+
+impl ParamSpec {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The range of the flat buffer this tensor occupies.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.numel()
+    }
+}
+
+/// Mean loss and accuracy over a split.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Evaluation {
+    /// Mean cross-entropy.
+    pub loss: f32,
+    /// Fraction of samples whose arg-max logit is the label, in [0, 1].
+    pub accuracy: f32,
+}
+
+/// Everything that can go wrong building, running, saving or loading a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// An error inside candle.
+    #[error("tensor operation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// An invalid architecture request.
+    #[error("invalid model configuration: {0}")]
+    Config(String),
+    /// An unknown `--model` name.
+    #[error("unknown model {input:?}: expected mlp or cnn")]
+    UnknownModel { input: String },
+    /// A buffer has the wrong number of elements.
+    #[error("{what} has {got} values, expected {expected}")]
+    Length {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    /// A batch or split holds no samples.
+    #[error("{0} is empty")]
+    Empty(&'static str),
+    /// A label is not a valid class index.
+    #[error("label {label} of sample {index} is out of range (expected < {classes})")]
+    LabelOutOfRange {
+        index: usize,
+        label: u32,
+        classes: usize,
+    },
+    /// A safetensors file could not be read or written.
+    #[error("{}: {reason}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+}
+
+/// How flat parameters are handed to candle (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strategy {
+    PerLayer,
+    FlatVar,
+}
+
+/// A network architecture bound to a device; the parameters live outside it.
+#[derive(Debug)]
+pub struct Model {
+    kind: ModelKind,
+    arch: Arch,
+    layout: Vec<ParamSpec>,
+    /// Init bound 1/sqrt(fan_in) for each layout entry.
+    init_bounds: Vec<f32>,
+    num_params: usize,
+    sample_len: usize,
+    classes: usize,
+    device: Device,
+    strategy: Strategy,
+}
+
+impl Model {
+    /// Builds the architecture for `channels x height x width` inputs and
+    /// `classes` outputs. `hidden` gives the MLP's hidden widths (empty: a
+    /// linear model); the CNN's widths are fixed and it ignores `hidden`.
+    pub fn new(
+        kind: ModelKind,
+        hidden: &[usize],
+        channels: usize,
+        height: usize,
+        width: usize,
+        classes: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let sample_len = channels * height * width;
+        if sample_len == 0 {
+            return Err(ModelError::Config(format!(
+                "images of {channels}x{height}x{width} have no pixels"
+            )));
+        }
+        if classes < 2 {
+            return Err(ModelError::Config(format!(
+                "need at least 2 classes, got {classes}"
+            )));
+        }
+        let arch = match kind {
+            ModelKind::Mlp => Arch::mlp(hidden, sample_len, classes)?,
+            ModelKind::Cnn => Arch::cnn(channels, height, width, classes)?,
+        };
+        let mut offset = 0;
+        let mut layout = Vec::new();
+        let mut init_bounds = Vec::new();
+        for (name, shape, fan_in) in arch.slots() {
+            let spec = ParamSpec {
+                name,
+                shape,
+                offset,
+            };
+            offset += spec.numel();
+            layout.push(spec);
+            init_bounds.push(1.0 / (fan_in as f32).sqrt());
+        }
+        Ok(Model {
+            kind,
+            arch,
+            layout,
+            init_bounds,
+            num_params: offset,
+            sample_len,
+            classes,
+            device: device.clone(),
+            strategy: Strategy::PerLayer,
+        })
+    }
+
+    /// Which architecture this is.
+    pub fn kind(&self) -> ModelKind {
+        self.kind
+    }
+
+    /// Length of the flat parameter buffer.
+    pub fn num_params(&self) -> usize {
+        self.num_params
+    }
+
+    /// The named tensors of the flat buffer, in storage order.
+    pub fn layout(&self) -> &[ParamSpec] {
+        &self.layout
+    }
+
+    /// Values per input sample.
+    pub fn sample_len(&self) -> usize {
+        self.sample_len
+    }
+
+    /// Number of output classes.
+    pub fn classes(&self) -> usize {
+        self.classes
+    }
+
+    /// The device the forward and backward passes run on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// PyTorch's default initialisation: every weight and bias uniform in
+    /// `±1/sqrt(fan_in)` (what `kaiming_uniform_(a=sqrt(5))` amounts to).
+    /// Each tensor draws from its own stream `Rng::derive(seed, index)`, so
+    /// every node computes the same buffer for the same seed.
+    pub fn init_params(&self, seed: u64) -> Vec<f32> {
+        let mut params = vec![0.0f32; self.num_params];
+        for (i, (spec, &bound)) in self.layout.iter().zip(&self.init_bounds).enumerate() {
+            let mut rng = Rng::derive(seed, i as u64);
+            for p in &mut params[spec.range()] {
+                *p = ((2.0 * rng.uniform() - 1.0) as f32) * bound;
+            }
+        }
+        params
+    }
+
+    fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), ModelError> {
+        if expected == got {
+            Ok(())
+        } else {
+            Err(ModelError::Length {
+                what,
+                expected,
+                got,
+            })
+        }
+    }
+
+    fn check_batch(&self, images: &[f32], labels: &[u32]) -> Result<(), ModelError> {
+        if labels.is_empty() {
+            return Err(ModelError::Empty("the batch"));
+        }
+        Self::check_len(
+            "the image batch",
+            labels.len() * self.sample_len,
+            images.len(),
+        )?;
+        match labels.iter().position(|&l| l as usize >= self.classes) {
+            Some(index) => Err(ModelError::LabelOutOfRange {
+                index,
+                label: labels[index],
+                classes: self.classes,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn inputs(&self, images: &[f32], labels: &[u32]) -> Result<(Tensor, Tensor), ModelError> {
+        let x = Tensor::from_slice(images, self.arch.input_shape(labels.len()), &self.device)?;
+        let y = Tensor::from_slice(labels, labels.len(), &self.device)?;
+        Ok((x, y))
+    }
+
+    /// Parameter tensors (no gradient tracking) for inference.
+    fn constant_params(&self, params: &[f32]) -> Result<Vec<Tensor>, ModelError> {
+        self.layout
+            .iter()
+            .map(|s| {
+                Ok(Tensor::from_slice(
+                    &params[s.range()],
+                    s.shape.as_slice(),
+                    &self.device,
+                )?)
+            })
+            .collect()
+    }
+
+    /// Mean cross-entropy of the batch at `params`, with its gradient written
+    /// into `grad` (same layout as `params`). `images` holds `labels.len()`
+    /// samples of [`Model::sample_len`] values each.
+    pub fn loss_and_grad(
+        &mut self,
+        params: &[f32],
+        images: &[f32],
+        labels: &[u32],
+        grad: &mut [f32],
+    ) -> Result<f32, ModelError> {
+        Self::check_len("the parameter buffer", self.num_params, params.len())?;
+        Self::check_len("the gradient buffer", self.num_params, grad.len())?;
+        self.check_batch(images, labels)?;
+        let (x, y) = self.inputs(images, labels)?;
+        match self.strategy {
+            Strategy::PerLayer => {
+                let vars = self
+                    .layout
+                    .iter()
+                    .map(|s| Var::from_slice(&params[s.range()], s.shape.as_slice(), &self.device))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+                let loss = candle_nn::loss::cross_entropy(&self.arch.forward(&tensors, &x)?, &y)?;
+                let grads = loss.backward()?;
+                for (spec, var) in self.layout.iter().zip(&vars) {
+                    copy_out(grads.get(var.as_tensor()), &mut grad[spec.range()])?;
+                }
+                Ok(loss.to_scalar::<f32>()?)
+            }
+            Strategy::FlatVar => {
+                let flat = Var::from_slice(params, self.num_params, &self.device)?;
+                let tensors = self
+                    .layout
+                    .iter()
+                    .map(|s| {
+                        flat.narrow(0, s.offset, s.numel())?
+                            .reshape(s.shape.as_slice())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let loss = candle_nn::loss::cross_entropy(&self.arch.forward(&tensors, &x)?, &y)?;
+                let grads = loss.backward()?;
+                copy_out(grads.get(flat.as_tensor()), grad)?;
+                Ok(loss.to_scalar::<f32>()?)
+            }
+        }
+    }
+
+    /// Mean loss and accuracy of `params` over all of `split`, `batch` samples
+    /// at a time (no gradients).
+    pub fn evaluate(
+        &mut self,
+        params: &[f32],
+        split: &Split,
+        sample_len: usize,
+        batch: usize,
+    ) -> Result<Evaluation, ModelError> {
+        Self::check_len("the parameter buffer", self.num_params, params.len())?;
+        Self::check_len("samples of the split", self.sample_len, sample_len)?;
+        if split.is_empty() {
+            return Err(ModelError::Empty("the evaluation split"));
+        }
+        if batch == 0 {
+            return Err(ModelError::Config(
+                "evaluation batch size must be >= 1".into(),
+            ));
+        }
+        self.check_batch(&split.images, &split.labels)?;
+        let tensors = self.constant_params(params)?;
+        let (mut loss_sum, mut correct) = (0.0f64, 0u64);
+        for (imgs, labels) in split
+            .images
+            .chunks(batch * sample_len)
+            .zip(split.labels.chunks(batch))
+        {
+            let (x, y) = self.inputs(imgs, labels)?;
+            let logits = self.arch.forward(&tensors, &x)?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()?;
+            loss_sum += f64::from(loss) * labels.len() as f64;
+            let hits = logits
+                .argmax(1)?
+                .eq(&y)?
+                .to_dtype(DType::U32)?
+                .sum_all()?
+                .to_scalar::<u32>()?;
+            correct += u64::from(hits);
+        }
+        let n = split.len() as f64;
+        Ok(Evaluation {
+            loss: (loss_sum / n) as f32,
+            accuracy: (correct as f64 / n) as f32,
+        })
+    }
+
+    /// Logits `(batch, classes)` for a batch (row-major), e.g. for inspection.
+    pub fn logits(&self, params: &[f32], images: &[f32]) -> Result<Vec<f32>, ModelError> {
+        Self::check_len("the parameter buffer", self.num_params, params.len())?;
+        if images.is_empty() || images.len() % self.sample_len != 0 {
+            return Err(ModelError::Length {
+                what: "the image batch (a multiple of the sample length)",
+                expected: self.sample_len * (images.len() / self.sample_len).max(1),
+                got: images.len(),
+            });
+        }
+        let batch = images.len() / self.sample_len;
+        let x = Tensor::from_slice(images, self.arch.input_shape(batch), &self.device)?;
+        let logits = self.arch.forward(&self.constant_params(params)?, &x)?;
+        Ok(logits.flatten_all()?.to_vec1::<f32>()?)
+    }
+
+    /// Writes `params` as a safetensors file: one f32 tensor per
+    /// [`ParamSpec`], under its name and shape.
+    pub fn save_safetensors(&self, params: &[f32], path: &Path) -> Result<(), ModelError> {
+        Self::check_len("the parameter buffer", self.num_params, params.len())?;
+        io::save(&self.layout, params, path)
+    }
+
+    /// Reads a file written by [`Model::save_safetensors`] for this
+    /// architecture, checking that it holds exactly this layout's names,
+    /// shapes and dtype.
+    pub fn load_safetensors(&self, path: &Path) -> Result<Vec<f32>, ModelError> {
+        io::load(&self.layout, self.num_params, path)
+    }
+}
+
+/// Copies a gradient tensor into `out` (zeros when candle found no gradient,
+/// i.e. the parameter did not influence the loss). On the CPU a contiguous
+/// gradient is copied straight from its storage without an intermediate `Vec`.
+fn copy_out(grad: Option<&Tensor>, out: &mut [f32]) -> Result<(), ModelError> {
+    let Some(g) = grad else {
+        out.fill(0.0);
+        return Ok(());
+    };
+    Model::check_len("a gradient tensor", out.len(), g.elem_count())?;
+    {
+        let (storage, layout) = g.storage_and_layout();
+        if let (Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) {
+            out.copy_from_slice(&cpu.as_slice::<f32>()?[start..end]);
+            return Ok(());
+        }
+    }
+    out.copy_from_slice(&g.flatten_all()?.to_vec1::<f32>()?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

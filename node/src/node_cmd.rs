@@ -1,0 +1,317 @@
+//! `slowmo node`: one real peer of a run, training on its own device and
+//! exchanging parameters over libp2p with exactly the simulator's loop.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use slowmo_gossip::p2p::{P2pComm, P2pConfig, RunIdentity};
+use slowmo_gossip::{CommStats, Communicator};
+
+use crate::config::{RunConfig, TrainOptions};
+use crate::data;
+use crate::metrics::{MetricsWriter, Progress};
+use crate::simulate::{build_model, load_dataset};
+use crate::train::{StepRecord, TrainError, WorkerOutcome, WorkerSetup, run_worker};
+
+/// Arguments of `slowmo node`.
+#[derive(Debug, clap::Args)]
+pub struct NodeArgs {
+    /// TOML file with the run's training settings (flags override it). Every
+    /// node of a run must resolve to the same settings.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub train: TrainOptions,
+    /// Number of nodes of the run; the run starts when all are present
+    /// (same as --workers).
+    #[arg(long)]
+    pub nodes: Option<usize>,
+    /// Name of the run; peers with another run id are refused.
+    #[arg(long, default_value = "slowmo")]
+    pub run_id: String,
+    /// Multiaddr to listen on (repeatable), e.g. /ip4/0.0.0.0/udp/4001/quic-v1 or /ip4/0.0.0.0/tcp/4001.
+    #[arg(long, default_values_t = vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_string(), "/ip4/127.0.0.1/tcp/0".to_string()])]
+    pub listen: Vec<String>,
+    /// Multiaddr of a peer to join through (repeatable).
+    #[arg(long)]
+    pub bootstrap: Vec<String>,
+    /// Key file of this node's identity, created on first run.
+    #[arg(long)]
+    pub identity: Option<PathBuf>,
+    /// Discover peers on the local network with mDNS.
+    #[arg(long)]
+    pub mdns: bool,
+    /// Seconds to wait for all nodes to join.
+    #[arg(long, default_value_t = 120)]
+    pub join_timeout: u64,
+    /// Seconds a peer may stay silent during an exchange.
+    #[arg(long, default_value_t = 60)]
+    pub peer_timeout: u64,
+    /// Compute device: cpu or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Compute threads [default: 1 when several nodes share a machine is up to you; all cores otherwise].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Write per-step metrics as JSON lines.
+    #[arg(long)]
+    pub metrics_jsonl: Option<PathBuf>,
+    /// Write the final summary as JSON.
+    #[arg(long)]
+    pub summary_json: Option<PathBuf>,
+    /// Write the final averaged parameters as safetensors.
+    #[arg(long)]
+    pub save_params: Option<PathBuf>,
+}
+
+/// A node's final report.
+#[derive(Debug, Serialize)]
+pub struct NodeSummary {
+    pub rank: Option<usize>,
+    pub peer_id: Option<String>,
+    pub members: Vec<String>,
+    pub completed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub steps: u64,
+    pub final_train_loss: Option<f32>,
+    /// Test accuracy of the exactly averaged model.
+    pub test_accuracy: Option<f32>,
+    /// Test accuracy of this node's own parameters.
+    pub own_test_accuracy: Option<f32>,
+    pub worker_accuracy_mean: Option<f32>,
+    pub worker_accuracy_std: Option<f32>,
+    pub consensus_distance: Option<f64>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub messages_dropped: u64,
+    pub wall_seconds: f64,
+    pub steps_per_second: f64,
+    pub config: RunConfig,
+}
+
+impl NodeSummary {
+    /// The summary of a node that never started training.
+    pub fn failed(config: &RunConfig, error: String) -> Self {
+        NodeSummary {
+            rank: None,
+            peer_id: None,
+            members: Vec::new(),
+            completed: false,
+            error: Some(error),
+            steps: 0,
+            final_train_loss: None,
+            test_accuracy: None,
+            own_test_accuracy: None,
+            worker_accuracy_mean: None,
+            worker_accuracy_std: None,
+            consensus_distance: None,
+            bytes_sent: 0,
+            bytes_received: 0,
+            messages_dropped: 0,
+            wall_seconds: 0.0,
+            steps_per_second: 0.0,
+            config: config.clone(),
+        }
+    }
+}
+
+/// Parses `--device`; CUDA needs a build with the `cuda` feature.
+pub fn parse_device(spec: &str) -> anyhow::Result<candle_core::Device> {
+    if spec == "cpu" {
+        return Ok(candle_core::Device::Cpu);
+    }
+    let Some(index) = spec
+        .strip_prefix("cuda:")
+        .or(if spec == "cuda" { Some("0") } else { None })
+    else {
+        bail!("--device {spec}: expected `cpu` or `cuda:N`");
+    };
+    let index: usize = index
+        .parse()
+        .with_context(|| format!("--device {spec}: `{index}` is not a GPU index"))?;
+    if !candle_core::utils::cuda_is_available() {
+        bail!(
+            "--device {spec}: this slowmo was built without CUDA support; rebuild with \
+             `cargo build --release -p slowmo-node --features cuda` on a machine with the CUDA toolkit"
+        );
+    }
+    Ok(candle_core::Device::new_cuda(index)?)
+}
+
+/// SHA-256 of the initial parameters, checked when peers join.
+pub fn params_hash(params: &[f32]) -> String {
+    let mut h = Sha256::new();
+    for v in params {
+        h.update(v.to_le_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+/// `slowmo node`. Returns an error (non-zero exit) when the run did not finish.
+pub fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let file = match &args.config {
+        Some(path) => TrainOptions::from_file(path)?,
+        None => TrainOptions::default(),
+    };
+    let mut options = file.overlaid(&args.train);
+    if let Some(n) = args.nodes {
+        options.workers = Some(n);
+    }
+    let config = options.resolve()?;
+    let device = parse_device(&args.device)?;
+    let dataset = load_dataset(&config)?;
+    let model = build_model(&config, &dataset, &device)?;
+    let x0 = model.init_params(config.seed);
+    let run = RunIdentity {
+        run_id: args.run_id.clone(),
+        config_hash: config.hash(),
+        init_hash: params_hash(&x0),
+    };
+    let mut p2p = P2pConfig::new(run, config.workers, x0.len());
+    p2p.listen = args.listen.clone();
+    p2p.bootstrap = args.bootstrap.clone();
+    p2p.identity_file = args.identity.clone();
+    p2p.mdns = args.mdns;
+    p2p.join_timeout = Duration::from_secs(args.join_timeout);
+    p2p.peer_timeout = Duration::from_secs(args.peer_timeout);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || {
+            if stop.swap(true, Ordering::SeqCst) {
+                // Second signal: leave at once.
+                std::process::exit(130);
+            }
+            eprintln!("stopping after the current step (signal again to quit at once)");
+        })
+        .context("installing the signal handler")?;
+    }
+
+    tracing::info!(nodes = config.workers, "joining the run");
+    let mut comm = match P2pComm::start(p2p) {
+        Ok(c) => c,
+        Err(e) => {
+            let e = anyhow::Error::new(e).context("joining the run");
+            if let Some(path) = &args.summary_json {
+                let failed = NodeSummary::failed(&config, format!("{e:#}"));
+                std::fs::write(path, serde_json::to_string_pretty(&failed)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            return Err(e);
+        }
+    };
+    let rank = comm.rank();
+    let members = comm.members();
+    tracing::info!(rank, peer = %comm.local_peer_id(), "run started");
+    let shards = data::shard_indices(
+        &dataset.train.labels,
+        dataset.classes,
+        config.workers,
+        config.partition,
+        config.seed,
+    )?;
+    let shard = shards.into_iter().nth(rank).expect("one shard per rank");
+    let topology: Arc<dyn slowmo_topologies::Topology> =
+        Arc::from(slowmo_topologies::build(&config.graph, config.workers)?);
+    let setup = WorkerSetup {
+        config: config.clone(),
+        dataset: dataset.clone(),
+        shard,
+        model,
+        topology,
+        stop: Some(stop),
+    };
+
+    let mut metrics = match &args.metrics_jsonl {
+        Some(p) => Some(MetricsWriter::create(p)?),
+        None => None,
+    };
+    let progress = Progress::new(config.steps, &format!("node {rank}"));
+    let mut last: Option<StepRecord> = None;
+    let mut metrics_error = None;
+    let result = run_worker(setup, &mut comm, &mut |r: &StepRecord| {
+        progress.step(r);
+        if let Some(m) = metrics.as_mut()
+            && let Err(e) = m.write(r)
+        {
+            metrics_error.get_or_insert(e);
+        }
+        last = Some(r.clone());
+    });
+    progress.finish();
+    let stats = comm.stats();
+    let peer_id = comm.local_peer_id();
+    comm.shutdown();
+
+    let summary = summarize(
+        &config,
+        rank,
+        peer_id,
+        members,
+        &result,
+        last.as_ref(),
+        stats,
+    );
+    if let Some(path) = &args.summary_json {
+        std::fs::write(path, serde_json::to_string_pretty(&summary)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(e) = metrics_error {
+        return Err(e.context("writing metrics"));
+    }
+    let outcome = result.with_context(|| format!("node {rank} did not finish the run"))?;
+    if let Some(path) = &args.save_params {
+        let saver = build_model(&config, &dataset, &candle_core::Device::Cpu)?;
+        saver
+            .save_safetensors(&outcome.averaged_params, path)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    eprintln!(
+        "node {rank}: finished {} steps, train loss {:.4}, test accuracy {:.4} (averaged model), {:.1} steps/s",
+        outcome.steps, outcome.mean_train_loss, outcome.averaged_accuracy, summary.steps_per_second
+    );
+    Ok(())
+}
+
+fn summarize(
+    config: &RunConfig,
+    rank: usize,
+    peer_id: String,
+    members: Vec<String>,
+    result: &Result<WorkerOutcome, TrainError>,
+    last: Option<&StepRecord>,
+    stats: CommStats,
+) -> NodeSummary {
+    let wall = last.map(|r| r.time).unwrap_or(0.0);
+    let steps = last.map(|r| r.step + 1).unwrap_or(0);
+    let mut s = NodeSummary::failed(config, String::new());
+    s.rank = Some(rank);
+    s.peer_id = Some(peer_id);
+    s.members = members;
+    s.completed = result.is_ok();
+    s.error = result.as_ref().err().map(|e| e.to_string());
+    s.steps = steps;
+    s.bytes_sent = stats.bytes_sent;
+    s.bytes_received = stats.bytes_received;
+    s.messages_dropped = stats.messages_dropped;
+    s.wall_seconds = wall;
+    s.steps_per_second = if wall > 0.0 { steps as f64 / wall } else { 0.0 };
+    if let Ok(o) = result {
+        s.final_train_loss = Some(o.mean_train_loss);
+        s.test_accuracy = Some(o.averaged_accuracy);
+        s.own_test_accuracy = Some(o.test_accuracy);
+        s.worker_accuracy_mean = Some(o.worker_accuracy_mean);
+        s.worker_accuracy_std = Some(o.worker_accuracy_std);
+        s.consensus_distance = Some(o.consensus_distance);
+        s.wall_seconds = o.wall_seconds;
+        s.steps_per_second = o.steps as f64 / o.wall_seconds.max(1e-9);
+    }
+    s
+}

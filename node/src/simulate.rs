@@ -1,0 +1,254 @@
+//! `slowmo simulate`: m workers in one process, one thread each, over the
+//! in-memory communicator. Deterministic given the seed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use slowmo_gossip::memory::MemoryNetwork;
+
+use crate::config::{RunConfig, TrainOptions};
+use crate::data::{self, Dataset};
+use crate::model::Model;
+use crate::train::{StepRecord, WorkerOutcome, WorkerSetup, run_worker};
+
+/// Arguments of `slowmo simulate`.
+#[derive(Debug, clap::Args)]
+pub struct SimulateArgs {
+    /// TOML file with training settings (flags override it).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub train: TrainOptions,
+    /// Write the summary as JSON to this file.
+    #[arg(long)]
+    pub summary_json: Option<PathBuf>,
+    /// Write the final averaged parameters as safetensors.
+    #[arg(long)]
+    pub save_params: Option<PathBuf>,
+    /// Print no progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The result of a simulated run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimulationSummary {
+    pub config: RunConfig,
+    pub workers: usize,
+    pub steps: u64,
+    /// Mean over workers of the train loss over the last steps.
+    pub final_train_loss: f32,
+    /// Test accuracy and loss of the exactly averaged model.
+    pub test_accuracy: f32,
+    pub test_loss: f32,
+    /// Mean and standard deviation over workers of their own test accuracy.
+    pub worker_accuracy_mean: f32,
+    pub worker_accuracy_std: f32,
+    /// Mean over workers of ||z_i - z_bar|| at the end.
+    pub consensus_distance: f64,
+    pub weight_spread: f64,
+    /// Bytes each worker sent (mean over workers).
+    pub bytes_sent_per_worker: u64,
+    pub wall_seconds: f64,
+    /// Base steps per second of the whole simulation (all workers advance together).
+    pub steps_per_second: f64,
+    #[serde(skip)]
+    pub averaged_params: Vec<f32>,
+}
+
+impl SimulationSummary {
+    /// Human-readable summary.
+    pub fn print(&self) {
+        let a = &self.config.algorithm;
+        println!("summary");
+        println!(
+            "  algorithm        {} (base {}, tau {}, alpha {}, beta {}, {}{})",
+            self.config.preset,
+            a.base,
+            a.slowmo.tau,
+            a.slowmo.alpha,
+            a.slowmo.beta,
+            if a.slowmo.average {
+                "exact average"
+            } else {
+                "noaverage"
+            },
+            if a.staleness > 0 {
+                format!(", staleness {}", a.staleness)
+            } else {
+                String::new()
+            }
+        );
+        println!("  workers          {}", self.workers);
+        println!("  steps            {}", self.steps);
+        println!("  train loss       {:.4}", self.final_train_loss);
+        println!(
+            "  test accuracy    {:.4} (averaged model)",
+            self.test_accuracy
+        );
+        println!(
+            "  worker accuracy  {:.4} +- {:.4}",
+            self.worker_accuracy_mean, self.worker_accuracy_std
+        );
+        println!("  consensus dist.  {:.3e}", self.consensus_distance);
+        println!("  bytes sent/worker {}", self.bytes_sent_per_worker);
+        println!(
+            "  wall time        {:.2} s ({:.1} steps/s)",
+            self.wall_seconds, self.steps_per_second
+        );
+    }
+}
+
+/// Loads the dataset a configuration names.
+pub fn load_dataset(config: &RunConfig) -> anyhow::Result<Arc<Dataset>> {
+    let ds = data::load(config.dataset, config.data_dir.as_deref(), config.seed)
+        .with_context(|| format!("loading dataset {}", config.dataset))?;
+    Ok(Arc::new(ds))
+}
+
+/// Builds the model for a configuration and dataset on the CPU.
+pub fn build_model(
+    config: &RunConfig,
+    ds: &Dataset,
+    device: &candle_core::Device,
+) -> anyhow::Result<Model> {
+    Ok(Model::new(
+        config.model,
+        &config.hidden,
+        ds.channels,
+        ds.height,
+        ds.width,
+        ds.classes,
+        device,
+    )?)
+}
+
+/// Runs a simulation; `on_step` sees rank 0's records.
+pub fn simulate(
+    config: &RunConfig,
+    on_step: &mut (dyn FnMut(&StepRecord) + Send),
+) -> anyhow::Result<SimulationSummary> {
+    let started = Instant::now();
+    let m = config.workers;
+    let dataset = load_dataset(config)?;
+    let shards = data::shard_indices(
+        &dataset.train.labels,
+        dataset.classes,
+        m,
+        config.partition,
+        config.seed,
+    )?;
+    let topology: Arc<dyn slowmo_topologies::Topology> =
+        Arc::from(slowmo_topologies::build(&config.graph, m)?);
+    let comms = MemoryNetwork::new(m, Duration::from_secs(600));
+    let outcomes: Vec<anyhow::Result<WorkerOutcome>> = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        let mut on_step = Some(on_step);
+        for (mut comm, shard) in comms.into_iter().zip(shards) {
+            let rank = slowmo_gossip::Communicator::rank(&comm);
+            let dataset = dataset.clone();
+            let topology = topology.clone();
+            let observer = if rank == 0 { on_step.take() } else { None };
+            handles.push(scope.spawn(move || -> anyhow::Result<WorkerOutcome> {
+                let model = build_model(config, &dataset, &candle_core::Device::Cpu)?;
+                let setup = WorkerSetup {
+                    config: config.clone(),
+                    dataset,
+                    shard,
+                    model,
+                    topology,
+                    stop: None,
+                };
+                let mut ignore = |_: &StepRecord| {};
+                let observer: &mut dyn FnMut(&StepRecord) = match observer {
+                    Some(f) => f,
+                    None => &mut ignore,
+                };
+                run_worker(setup, &mut comm, observer).with_context(|| format!("worker {rank}"))
+            }));
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")))
+            })
+            .collect()
+    });
+    let outcomes = outcomes.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let first = &outcomes[0];
+    let wall = started.elapsed().as_secs_f64();
+    Ok(SimulationSummary {
+        config: config.clone(),
+        workers: m,
+        steps: first.steps,
+        final_train_loss: first.mean_train_loss,
+        test_accuracy: first.averaged_accuracy,
+        test_loss: first.averaged_loss,
+        worker_accuracy_mean: first.worker_accuracy_mean,
+        worker_accuracy_std: first.worker_accuracy_std,
+        consensus_distance: first.consensus_distance,
+        weight_spread: first.weight_spread,
+        bytes_sent_per_worker: outcomes.iter().map(|o| o.stats.bytes_sent).sum::<u64>() / m as u64,
+        wall_seconds: wall,
+        steps_per_second: first.steps as f64 / wall,
+        averaged_params: first.averaged_params.clone(),
+    })
+}
+
+/// `slowmo simulate`.
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    let file = match &args.config {
+        Some(path) => TrainOptions::from_file(path)?,
+        None => TrainOptions::default(),
+    };
+    let config = file.overlaid(&args.train).resolve()?;
+    let quiet = args.quiet;
+    if !quiet {
+        println!(
+            "simulating {} workers: {} over {}, {} steps, dataset {}, model {}",
+            config.workers,
+            config.preset,
+            config.algorithm.base,
+            config.steps,
+            config.dataset,
+            config.model
+        );
+    }
+    let mut progress = |r: &StepRecord| {
+        if quiet {
+            return;
+        }
+        if let Some(acc) = r.test_accuracy {
+            println!(
+                "step {:>6}  loss {:.4}  test acc {:.4}  consensus {:.3e}  weight spread {:.2e}  lr {:.4}  {:.1}s",
+                r.step + 1,
+                r.train_loss.unwrap_or(r.loss),
+                acc,
+                r.consensus_distance.unwrap_or(0.0),
+                r.weight_spread.unwrap_or(0.0),
+                r.lr,
+                r.time
+            );
+        }
+    };
+    let summary = simulate(&config, &mut progress)?;
+    if !quiet {
+        summary.print();
+    }
+    if let Some(path) = &args.summary_json {
+        let text = serde_json::to_string_pretty(&summary)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.save_params {
+        let dataset = load_dataset(&config)?;
+        let model = build_model(&config, &dataset, &candle_core::Device::Cpu)?;
+        model
+            .save_safetensors(&summary.averaged_params, path)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
