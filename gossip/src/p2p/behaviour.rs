@@ -128,7 +128,13 @@ pub(crate) fn build_swarm(
             q.keep_alive_interval = Duration::from_secs(5);
             q.max_stream_data = 32 << 20;
             q.max_connection_data = 128 << 20;
-            q
+            match std::env::var("SLOWMO_QUIC_MTU")
+                .ok()
+                .and_then(|v| v.parse::<u16>().ok())
+            {
+                Some(mtu) => q.mtu_upper_bound(mtu),
+                None => q,
+            }
         })
         .with_dns()
         .map_err(|e| fail("dns", &e))?

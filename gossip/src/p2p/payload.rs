@@ -34,7 +34,7 @@ impl Scan {
     pub fn feed(&mut self, bytes: &[u8]) {
         self.bytes += bytes.len() as u64;
         let mut i = 0;
-        while self.words % LANES != 0 && i + 4 <= bytes.len() {
+        while !self.words.is_multiple_of(LANES) && i + 4 <= bytes.len() {
             self.word(u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap()));
             i += 4;
         }

@@ -247,50 +247,40 @@ mod tests {
     }
 }
 
-/// Difficulty check: plain SGD (lr 0.05, batch 32) from the default seed;
-/// prints test accuracy of a linear model and of the 784-256-10 MLP.
-/// `cargo test -p slowmo-node --lib -- --ignored synthetic_difficulty --nocapture`
+/// The task must separate models: plain SGD (lr 0.05, batch 32, 400 steps)
+/// leaves a linear model far behind the 784-256-10 MLP. Measured with the
+/// default config and seed 0 (test accuracy): linear 0.57 / 0.58 / 0.58 after
+/// 250 / 500 / 2000 steps, MLP 0.74 / 0.78 / 0.84.
 #[cfg(test)]
 mod difficulty {
     use super::*;
     use crate::data::Batcher;
     use crate::model::{Model, ModelKind};
 
-    fn train(
-        d: &Dataset,
-        kind: ModelKind,
-        hidden: &[usize],
-        steps: usize,
-        lr: f32,
-    ) -> Vec<(usize, f32)> {
+    fn test_accuracy(d: &Dataset, hidden: &[usize], steps: usize) -> f32 {
         let dev = candle_core::Device::Cpu;
-        let mut m = Model::new(kind, hidden, 1, 28, 28, 10, &dev).unwrap();
+        let mut m = Model::new(ModelKind::Mlp, hidden, 1, 28, 28, 10, &dev).unwrap();
         let mut p = m.init_params(0);
         let mut g = vec![0.0; p.len()];
         let mut b = Batcher::new((0..d.train.len()).collect(), 0);
         let (mut x, mut y) = (Vec::new(), Vec::new());
-        let mut out = Vec::new();
-        for s in 1..=steps {
+        for _ in 0..steps {
             b.next_batch(&d.train, 784, 32, &mut x, &mut y);
             m.loss_and_grad(&p, &x, &y, &mut g).unwrap();
-            p.iter_mut().zip(&g).for_each(|(p, g)| *p -= lr * g);
-            if s % 250 == 0 {
-                out.push((s, m.evaluate(&p, &d.test, 784, 500).unwrap().accuracy));
-            }
+            p.iter_mut().zip(&g).for_each(|(p, g)| *p -= 0.05 * g);
         }
-        out
+        m.evaluate(&p, &d.test, 784, 500).unwrap().accuracy
     }
 
     #[test]
-    #[ignore = "calibration; prints accuracies"]
-    fn synthetic_difficulty() {
-        let t = std::time::Instant::now();
+    fn a_linear_model_plateaus_well_below_an_mlp() {
         let d = generate(&SyntheticConfig::default(), 0);
-        println!("generated in {:?}", t.elapsed());
-        println!("linear: {:?}", train(&d, ModelKind::Mlp, &[], 2000, 0.05));
-        println!(
-            "mlp256: {:?}",
-            train(&d, ModelKind::Mlp, &[256], 2000, 0.05)
+        let linear = test_accuracy(&d, &[], 400);
+        let mlp = test_accuracy(&d, &[256], 400);
+        assert!(linear < 0.7, "linear model reached {linear}");
+        assert!(
+            mlp > 0.7 && mlp > linear + 0.1,
+            "mlp {mlp}, linear {linear}"
         );
     }
 }

@@ -385,3 +385,77 @@ fn max_pool_gradient_goes_to_the_maximum() {
         vec![0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     );
 }
+
+#[test]
+#[ignore]
+fn debug_cnn_profile() {
+    use candle_core::Tensor;
+    let dev = cpu();
+    let time = |name: &str, f: &mut dyn FnMut()| {
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            for _ in 0..5 {
+                f();
+            }
+            best = best.min(t.elapsed().as_secs_f64() / 5.0);
+        }
+        println!("{name}: {:.2} ms", best * 1e3);
+    };
+    let x = Tensor::randn(0f32, 1., (32, 1, 28, 28), &dev).unwrap();
+    let w1 = Var::randn(0f32, 0.1, (6, 1, 5, 5), &dev).unwrap();
+    let h1 = Var::randn(0f32, 1., (32, 6, 14, 14), &dev).unwrap();
+    let w2 = Var::randn(0f32, 0.1, (16, 6, 5, 5), &dev).unwrap();
+    let y1 = Tensor::randn(0f32, 1., (32, 6, 28, 28), &dev).unwrap();
+    let g2 = Tensor::randn(0f32, 1., (32, 16, 10, 10), &dev).unwrap();
+    time("conv1 fwd", &mut || {
+        x.conv2d(&w1, 2, 1, 1, 1).unwrap();
+    });
+    time("conv2 fwd", &mut || {
+        h1.conv2d(&w2, 0, 1, 1, 1).unwrap();
+    });
+    time("conv1 fwd+bwd", &mut || {
+        x.conv2d(&w1, 2, 1, 1, 1)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+    });
+    time("conv2 fwd+bwd", &mut || {
+        h1.conv2d(&w2, 0, 1, 1, 1)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+    });
+    time("conv2 transpose (grad input)", &mut || {
+        g2.conv_transpose2d(&w2, 0, 0, 1, 1).unwrap();
+    });
+    time("conv2 grad kernel", &mut || {
+        h1.transpose(0, 1)
+            .unwrap()
+            .conv2d(&g2.transpose(0, 1).unwrap(), 0, 1, 1, 1)
+            .unwrap();
+    });
+    time("pool1 fwd+bwd", &mut || {
+        let v = Var::from_tensor(&y1).unwrap();
+        arch::max_pool_2x2(v.as_tensor())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+    });
+    time("candle pool1 fwd+bwd", &mut || {
+        let v = Var::from_tensor(&y1).unwrap();
+        v.as_tensor()
+            .max_pool2d(2)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+    });
+}
