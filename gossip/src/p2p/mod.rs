@@ -63,6 +63,10 @@ use crate::{CommError, CommStats, Communicator, PushSumRound, Rank, push_sum_sha
 const PUSH_QUEUE: usize = 16;
 
 /// A node of a run over libp2p. See the [module docs](self).
+///
+/// Its methods block the calling thread on the node's own runtime, so call
+/// them from a plain thread (the training thread), not from inside an async
+/// task of another tokio runtime.
 pub struct P2pComm {
     rt: Option<Runtime>,
     shared: Arc<Shared>,
