@@ -33,6 +33,8 @@ fn set_compute_threads(threads: usize) {
 }
 
 fn main() -> std::process::ExitCode {
+    // before any thread exists: it changes a process-wide allocator setting
+    slowmo_node::model::tune_malloc_for_training();
     let cli = Cli::parse();
     match &cli.command {
         Command::Simulate(_) => set_compute_threads(1),

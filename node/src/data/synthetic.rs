@@ -11,7 +11,8 @@
 //!
 //! The prototypes come from one stream of the seed, the training samples from
 //! a second and the test samples from a third, so the test set is fresh data
-//! from the same distribution. Generation is a few tens of milliseconds.
+//! from the same distribution. Generating the default 14,000 images takes
+//! about 0.17 s in the (opt-level 1) dev profile, single-threaded.
 
 use slowmo_optim::Rng;
 

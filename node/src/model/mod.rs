@@ -14,19 +14,33 @@
 //!
 //! # How parameters reach candle
 //!
-//! Two ways were implemented and measured for the 784-256-10 MLP at batch 32
-//! on one CPU thread (`RAYON_NUM_THREADS=1`, release build, run
-//! `cargo test --release -p slowmo-node --lib -- --ignored bench_param_strategies --nocapture`):
+//! Two ways were implemented and measured (`bench_param_strategies`, an
+//! ignored test: `RAYON_NUM_THREADS=1 cargo test -p slowmo-node --lib --
+//! --ignored bench_param_strategies --nocapture`), single-threaded, batch 32,
+//! 28x28x1 inputs, best of 5 rounds on a shared 2-core Xeon (AVX-512):
 //!
-//! | strategy | per step |
-//! |---|---|
-//! | per-layer tensors copied in, gradients copied out (kept) | MEASURED_PER_LAYER |
-//! | one flat `Var`, layers as `narrow` + `reshape` views | MEASURED_FLAT |
+//! | model | strategy | glibc default | after [`tune_malloc_for_training`] |
+//! |---|---|---|---|
+//! | MLP 784-256-10 (203,530 params) | per-layer tensors (kept) | 3.8 ms | 2.5 ms |
+//! | MLP 784-256-10 | one flat `Var`, `narrow` + `reshape` views | 6.8 ms | 3.9 ms |
+//! | LeNet CNN (61,706 params) | per-layer tensors (kept) | 29 ms | 13-15 ms |
+//! | LeNet CNN | one flat `Var` | 28 ms | 14-15 ms |
 //!
-//! The flat `Var` loses because candle's backward of `narrow` pads each
-//! view's gradient with zeros to the full parameter length and adds it to
-//! the running sum: one full-size allocation, concatenation and addition per
-//! parameter tensor, on top of the same copy in and out.
+//! Per-layer: each step wraps every parameter slice in its own `Var`
+//! (one copy in) and copies each gradient straight out of candle's CPU
+//! storage into the caller's flat buffer (one copy out). The flat `Var`
+//! needs the same two copies and loses on top, because candle's backward of
+//! `narrow` pads every view's gradient with zeros to the full parameter
+//! length and adds it into the running sum: a full-size allocation, concat
+//! and add per parameter tensor. For the CNN, compute dominates and the two
+//! are within noise; per-layer is kept for both.
+//!
+//! Two candle 0.11 problems are worked around in `arch.rs`: `max_pool2d`'s
+//! backward scales the gradient by 1/4 (so pooling is a reshape + `max`),
+//! and `conv2d`'s CPU backward is a slow direct transposed convolution (so
+//! convolutions are im2col gathers + matmuls; measured side by side,
+//! forward + backward went from 93 ms to 9 ms for conv1 and from 62 ms to
+//! 14 ms for conv2 on a loaded machine).
 
 mod arch;
 mod io;
@@ -149,6 +163,10 @@ pub enum ModelError {
     },
 }
 
+/// Largest CNN evaluation chunk: bounds the im2col buffer (about 80 MB for
+/// CIFAR-10) whatever batch the caller asks for; results do not depend on it.
+const MAX_CNN_EVAL_CHUNK: usize = 256;
+
 /// How flat parameters are handed to candle (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Strategy {
@@ -198,7 +216,7 @@ impl Model {
         }
         let arch = match kind {
             ModelKind::Mlp => Arch::mlp(hidden, sample_len, classes)?,
-            ModelKind::Cnn => Arch::cnn(channels, height, width, classes)?,
+            ModelKind::Cnn => Arch::cnn(channels, height, width, classes, device)?,
         };
         let mut offset = 0;
         let mut layout = Vec::new();
@@ -389,6 +407,11 @@ impl Model {
             ));
         }
         self.check_batch(&split.images, &split.labels)?;
+        // the CNN's im2col buffer is 25 * channels floats per pixel per sample
+        let batch = match self.kind {
+            ModelKind::Cnn => batch.min(MAX_CNN_EVAL_CHUNK),
+            ModelKind::Mlp => batch,
+        };
         let tensors = self.constant_params(params)?;
         let (mut loss_sum, mut correct) = (0.0f64, 0u64);
         for (imgs, labels) in split
@@ -443,6 +466,33 @@ impl Model {
     /// shapes and dtype.
     pub fn load_safetensors(&self, path: &Path) -> Result<Vec<f32>, ModelError> {
         io::load(&self.layout, self.num_params, path)
+    }
+}
+
+/// Keeps freed tensor buffers inside the process instead of returning them to
+/// the kernel; call once at start-up, before any thread is spawned.
+///
+/// Every candle op allocates its output, and glibc serves the large ones
+/// (a 784x256 weight gradient is 800 KB) with `mmap` and gives them back with
+/// `munmap`, so each step pays page faults and zeroing for memory it just
+/// freed. Raising the mmap and trim thresholds turns that into heap reuse:
+/// single-threaded, batch 32, the MLP step went from about 3.1 ms to 2.1 ms
+/// and the CNN step from about 27 ms to 14 ms. It changes a process-wide
+/// allocator setting, which is why the binary, not the library, decides.
+/// Returns false where it does nothing (not glibc, or `mallopt` refused).
+pub fn tune_malloc_for_training() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only changes allocator parameters; both values are
+        // within glibc's documented ranges (mmap threshold <= 32 MiB on 64-bit).
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20) == 1
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
     }
 }
 
