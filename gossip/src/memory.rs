@@ -23,12 +23,20 @@ struct Share {
     w: f64,
 }
 
+/// One contribution to a collective: a vector and a scalar.
+type Contribution = (Vec<f32>, f64);
+
 #[derive(Default)]
 struct Reduce {
     generation: u64,
     arrived: usize,
-    slots: Vec<Option<(Vec<f32>, f64)>>,
-    result: Option<Arc<(Vec<f32>, f64)>>,
+    slots: Vec<Option<Contribution>>,
+    result: Option<Arc<Vec<Contribution>>>,
+}
+
+/// The slice of a `len`-long buffer that `rank` of `size` sums.
+fn slice_of(len: usize, size: usize, rank: Rank) -> std::ops::Range<usize> {
+    len * rank / size..len * (rank + 1) / size
 }
 
 struct Shared {
@@ -110,7 +118,8 @@ impl MemoryComm {
         if rounds.is_empty() {
             return Ok(());
         }
-        let (mailbox, arrived) = &self.shared.mailboxes[self.rank];
+        let shared = self.shared.clone();
+        let (mailbox, arrived) = &shared.mailboxes[self.rank];
         let deadline = Instant::now() + self.shared.timeout;
         let mut inbox = lock(mailbox);
         loop {
@@ -172,6 +181,57 @@ impl MemoryComm {
     }
 }
 
+impl MemoryComm {
+    /// Every rank's contribution, in rank order, once all have arrived.
+    fn gather(
+        &mut self,
+        values: Vec<f32>,
+        scalar: f64,
+        operation: &'static str,
+    ) -> Result<Arc<Vec<Contribution>>, CommError> {
+        let shared = self.shared.clone();
+        let mut state = lock(&shared.reduce);
+        let generation = state.generation;
+        state.slots[self.rank] = Some((values, scalar));
+        state.arrived += 1;
+        if state.arrived == shared.size {
+            let all: Vec<Contribution> = state
+                .slots
+                .iter_mut()
+                .map(|slot| slot.take().expect("every rank deposited"))
+                .collect();
+            // Overwriting the previous result is safe: every rank took it
+            // before it could deposit into this generation.
+            state.result = Some(Arc::new(all));
+            state.arrived = 0;
+            state.generation += 1;
+            shared.reduce_done.notify_all();
+        } else {
+            let deadline = Instant::now() + shared.timeout;
+            while state.generation == generation {
+                let now = Instant::now();
+                if now >= deadline {
+                    let missing = state.slots.iter().position(|s| s.is_none()).unwrap_or(0);
+                    return Err(CommError::PeerTimeout {
+                        peer: format!("worker-{missing}"),
+                        rank: missing,
+                        round: generation,
+                        operation,
+                        timeout: shared.timeout,
+                    });
+                }
+                state = shared
+                    .reduce_done
+                    .wait_timeout(state, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        let result = state.result.clone().expect("result of a finished gather");
+        Ok(result)
+    }
+}
+
 impl Communicator for MemoryComm {
     fn rank(&self) -> Rank {
         self.rank
@@ -191,16 +251,27 @@ impl Communicator for MemoryComm {
         let p = push_sum_share(round.out_peers.len());
         if !round.out_peers.is_empty() {
             let pf = p as f32;
-            for v in x.iter_mut() {
-                *v *= pf;
-            }
+            // One pass scales x and writes the first share.
+            let share: Vec<f32> = x
+                .iter_mut()
+                .map(|v| {
+                    *v *= pf;
+                    *v
+                })
+                .collect();
             *w *= p;
-            for &peer in round.out_peers {
+            let mut share = Some(share);
+            for (i, &peer) in round.out_peers.iter().enumerate() {
+                let x_share = if i + 1 == round.out_peers.len() {
+                    share.take().expect("the last peer takes the share")
+                } else {
+                    share.clone().expect("the share is kept for later peers")
+                };
                 let (mailbox, arrived) = &self.shared.mailboxes[peer];
                 lock(mailbox).push(Share {
                     round: round.round,
                     from: self.rank,
-                    x: x.to_vec(),
+                    x: x_share,
                     w: *w,
                 });
                 arrived.notify_all();
@@ -225,66 +296,33 @@ impl Communicator for MemoryComm {
     }
 
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
-        let shared = self.shared.clone();
-        let size = shared.size;
-        let mut state = lock(&shared.reduce);
-        let generation = state.generation;
-        state.slots[self.rank] = Some((buf.to_vec(), *scalar));
-        state.arrived += 1;
-        if state.arrived == size {
-            let mut sum = vec![0f32; buf.len()];
-            let mut total = 0f64;
-            for slot in state.slots.iter_mut() {
-                let (v, s) = slot.take().expect("every rank deposited");
-                if v.len() != sum.len() {
-                    return Err(CommError::ShapeMismatch {
-                        expected: sum.len(),
-                        got: v.len(),
-                    });
-                }
-                for (a, b) in sum.iter_mut().zip(&v) {
-                    *a += *b;
-                }
-                total += s;
-            }
-            state.result = Some(Arc::new((sum, total)));
-            state.arrived = 0;
-            state.generation += 1;
-            shared.reduce_done.notify_all();
-        } else {
-            let deadline = Instant::now() + shared.timeout;
-            while state.generation == generation {
-                let now = Instant::now();
-                if now >= deadline {
-                    let missing = state.slots.iter().position(|s| s.is_none()).unwrap_or(0);
-                    return Err(CommError::PeerTimeout {
-                        peer: format!("worker-{missing}"),
-                        rank: missing,
-                        round: generation,
-                        operation: "all-reduce",
-                        timeout: shared.timeout,
-                    });
-                }
-                state = shared
-                    .reduce_done
-                    .wait_timeout(state, deadline - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-        }
-        let result = state
-            .result
-            .clone()
-            .expect("result of a finished reduction");
-        drop(state);
-        if result.0.len() != buf.len() {
+        let size = self.shared.size;
+        // Phase 1: everyone's contribution; phase 2: each rank sums its own
+        // slice of the result over all contributions (in rank order, so the
+        // bits do not depend on scheduling), and the slices are gathered.
+        let inputs = self.gather(buf.to_vec(), *scalar, "all-reduce")?;
+        // Every rank sees every length, so a mismatch fails them all alike.
+        if let Some((v, _)) = inputs.iter().find(|(v, _)| v.len() != buf.len()) {
             return Err(CommError::ShapeMismatch {
                 expected: buf.len(),
-                got: result.0.len(),
+                got: v.len(),
             });
         }
-        buf.copy_from_slice(&result.0);
-        *scalar = result.1;
+        let mine = slice_of(buf.len(), size, self.rank);
+        let mut part = vec![0f32; mine.len()];
+        for (v, _) in inputs.iter() {
+            for (a, b) in part.iter_mut().zip(&v[mine.clone()]) {
+                *a += *b;
+            }
+        }
+        let total = inputs.iter().fold(0f64, |t, (_, s)| t + s);
+        drop(inputs);
+        let parts = self.gather(part, total, "all-reduce")?;
+        let len = buf.len();
+        for (rank, (part, _)) in parts.iter().enumerate() {
+            buf[slice_of(len, size, rank)].copy_from_slice(part);
+        }
+        *scalar = total;
         // What a bandwidth-optimal ring all-reduce would move.
         if size > 1 {
             let bytes = 2 * (size as u64 - 1) * (4 * buf.len() as u64 + 8) / size as u64;
@@ -295,7 +333,7 @@ impl Communicator for MemoryComm {
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
-        self.all_reduce_sum(&mut [], &mut 0.0)
+        self.gather(Vec::new(), 0.0, "barrier").map(drop)
     }
 
     fn stats(&self) -> CommStats {

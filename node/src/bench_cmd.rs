@@ -1,4 +1,5 @@
-//! `slowmo bench`: how fast the libp2p communicator moves tensors.
+//! `slowmo bench`: how fast the libp2p communicator moves tensors (the
+//! simulator's benchmark is in [`crate::bench_sim`]).
 //!
 //! Figures are printed, never asserted. `transport` measures one link
 //! between two processes (this one and a copy of itself, started with the
@@ -29,6 +30,25 @@ pub struct BenchArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
+    /// Simulator overhead: m workers in one process against the same
+    /// workers computing with no communication.
+    Simulator {
+        /// Worker counts to measure.
+        #[arg(long, value_delimiter = ',', default_value = "8,64")]
+        workers: Vec<usize>,
+        /// Timed steps per worker (after a short warm-up).
+        #[arg(long, default_value_t = 200)]
+        steps: u64,
+        /// Bases under SlowMo's defaults: ar-sgd, local-sgd, sgp, osgp.
+        #[arg(long, value_delimiter = ',', default_value = "local-sgd,sgp,ar-sgd")]
+        bases: Vec<slowmo_optim::Base>,
+        /// Model: mlp or cnn.
+        #[arg(long, default_value = "mlp")]
+        model: crate::model::ModelKind,
+        /// Measurements of each rate; the best counts.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
     /// Throughput of one link between two processes: QUIC, TCP+Noise+Yamux,
     /// and plain TCP for reference.
     Transport {
@@ -64,6 +84,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return run_peer(&spec);
     }
     match args.command {
+        BenchCommand::Simulator {
+            workers,
+            steps,
+            bases,
+            model,
+            repeats,
+        } => crate::bench_sim::run(&workers, steps.max(1), &bases, model, repeats),
         BenchCommand::Transport {
             sizes_mib,
             rounds,

@@ -1,6 +1,7 @@
 //! The slowmo node: configuration, models, data, the training loop, metrics.
 
 pub mod bench_cmd;
+pub mod bench_sim;
 pub mod config;
 pub mod data;
 pub mod metrics;

@@ -16,7 +16,7 @@ enum Command {
     Node(Box<slowmo_node::node_cmd::NodeArgs>),
     /// Analyse and compare communication graphs, and sweep training over them.
     Topology(slowmo_node::topology_cmd::TopologyArgs),
-    /// Measure the network layer: transport throughput and all-reduce.
+    /// Measure the simulator's overhead, transport throughput and all-reduce.
     Bench(slowmo_node::bench_cmd::BenchArgs),
 }
 

@@ -243,7 +243,6 @@ pub fn run_worker(
             opt.reset();
         }
         let lr = config.schedule.lr(config.lr, step, config.steps);
-        state.debiased_into(&mut z);
         batcher.next_batch(
             &dataset.train,
             sample_len,
@@ -251,7 +250,14 @@ pub fn run_worker(
             &mut images,
             &mut labels,
         );
-        let mut loss = model.loss_and_grad(&z, &images, &labels, &mut grad)?;
+        // z = x / w; without push-sum (w stays 1) that is x itself, uncopied.
+        let params: &[f32] = if state.w == 1.0 {
+            &state.x
+        } else {
+            state.debiased_into(&mut z);
+            &z
+        };
+        let mut loss = model.loss_and_grad(params, &images, &labels, &mut grad)?;
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step, loss });
         }

@@ -1,6 +1,7 @@
 //! Launching many slowmo nodes: local processes and docker-compose testnets,
 //! fault injection, and the reports that gather what the nodes wrote.
 
+pub mod bench;
 pub mod compose;
 pub mod control;
 pub mod docker;

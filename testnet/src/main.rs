@@ -15,6 +15,9 @@ struct Cli {
 enum Command {
     /// N `slowmo node` processes on 127.0.0.1.
     Local(slowmo_testnet::local::LocalArgs),
+    /// Per-step wall time of a local testnet: SGP, OSGP and SlowMo-SGP
+    /// against the same nodes with communication disabled.
+    Bench(slowmo_testnet::bench::BenchArgs),
     /// Write the docker-compose file of an N-node testnet (to stdout or -o).
     Compose(compose::ComposeArgs),
     /// Show a heterogeneity profile (lan, wan, mixed or a TOML file) and what
@@ -48,6 +51,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Local(args) => slowmo_testnet::local::run(args),
+        Command::Bench(args) => slowmo_testnet::bench::run(args),
         Command::Compose(args) => compose::run(args),
         Command::Profile(args) => profile::show(args),
         Command::Up(args) => control::up(args),

@@ -1,0 +1,196 @@
+//! `slowmo-testnet bench`: per-step wall time of a local testnet with and
+//! without communication, measured side by side in one run.
+//!
+//! Every row is a full `slowmo-testnet local` run of the same nodes, data
+//! and model. The baseline is Local SGD with the outer period longer than
+//! the run: the nodes join the same way but exchange nothing while they
+//! train. Step times come from each node's metrics (`time` of every step),
+//! skipping the first steps (streams open, caches warm) and the final
+//! evaluation; a row's figure is the mean over nodes of their mean step time.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use slowmo_node::config::TrainOptions;
+use slowmo_node::model::ModelKind;
+use slowmo_optim::{Base, Preset};
+
+use crate::local::{LocalArgs, Transport, launch};
+
+/// Steps at the start of each run that are not timed.
+const WARMUP_STEPS: u64 = 10;
+
+/// Arguments of `slowmo-testnet bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Number of node processes.
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// Timed steps per run (after a short warm-up).
+    #[arg(long, default_value_t = 300)]
+    pub steps: u64,
+    /// Model: mlp or cnn.
+    #[arg(long, default_value = "mlp")]
+    pub model: ModelKind,
+    /// Transport between the nodes.
+    #[arg(long, value_enum, default_value_t = Transport::Quic)]
+    pub transport: Transport,
+    /// Folder for the runs' files [default: a new folder under testnet-runs/].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The slowmo binary [default: $SLOWMO_BIN, else `slowmo` beside this program].
+    #[arg(long)]
+    pub slowmo_bin: Option<PathBuf>,
+}
+
+/// One measured configuration.
+struct Row {
+    label: &'static str,
+    /// Mean over nodes of the mean step time, seconds.
+    step: f64,
+    /// The slowest node's mean step time, seconds.
+    slowest: f64,
+}
+
+/// Mean seconds per step after the warm-up, from one node's metrics.
+pub fn mean_step_seconds(metrics: &Path) -> anyhow::Result<f64> {
+    let text = std::fs::read_to_string(metrics)
+        .with_context(|| format!("reading {}", metrics.display()))?;
+    let mut times = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not JSON", metrics.display(), i + 1))?;
+        if let (Some(step), Some(time)) = (v["step"].as_u64(), v["time"].as_f64()) {
+            times.push((step, time));
+        }
+    }
+    let start = times.iter().find(|(s, _)| *s + 1 == WARMUP_STEPS);
+    let end = times.last();
+    match (start, end) {
+        (Some(&(s0, t0)), Some(&(s1, t1))) if s1 > s0 => Ok((t1 - t0) / (s1 - s0) as f64),
+        _ => bail!(
+            "{}: fewer than {} steps recorded",
+            metrics.display(),
+            WARMUP_STEPS + 1
+        ),
+    }
+}
+
+fn options(
+    steps: u64,
+    model: ModelKind,
+    preset: Option<Preset>,
+    base: Base,
+    tau: Option<u64>,
+) -> TrainOptions {
+    TrainOptions {
+        preset,
+        base: Some(base),
+        tau,
+        steps: Some(steps),
+        eval_every: Some(0),
+        model: Some(model),
+        ..TrainOptions::default()
+    }
+}
+
+/// `slowmo-testnet bench`.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let model = args.model;
+    let total = WARMUP_STEPS + args.steps;
+    let run = |preset, base, tau| options(total, model, preset, base, tau);
+    let runs: [(&'static str, TrainOptions); 4] = [
+        (
+            "no communication",
+            run(Some(Preset::LocalSgd), Base::LocalSgd, Some(total + 1)),
+        ),
+        ("sgp", run(Some(Preset::Sgp), Base::Sgp, None)),
+        ("osgp", run(Some(Preset::Osgp), Base::Osgp, None)),
+        ("slowmo-sgp", run(None, Base::Sgp, None)),
+    ];
+    let out = args.out.clone().unwrap_or_else(|| {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        PathBuf::from("testnet-runs").join(format!("bench-{stamp}"))
+    });
+    let mut rows = Vec::new();
+    for (label, train) in runs {
+        let run_dir = out.join(label.replace(' ', "-"));
+        eprintln!("bench: {label} ({} nodes, {total} steps)", args.nodes);
+        let local = LocalArgs {
+            nodes: args.nodes,
+            config: None,
+            train,
+            out: Some(run_dir.clone()),
+            slowmo_bin: args.slowmo_bin.clone(),
+            transport: args.transport,
+            threads: 1,
+            join_timeout: 60,
+            peer_timeout: 60,
+            node_args: Vec::new(),
+            quiet: true,
+        };
+        launch(&local).with_context(|| format!("the {label} run"))?;
+        let mut per_node = Vec::new();
+        for i in 0..args.nodes {
+            per_node.push(mean_step_seconds(
+                &run_dir.join(format!("node-{i}")).join("metrics.jsonl"),
+            )?);
+        }
+        rows.push(Row {
+            label,
+            step: per_node.iter().sum::<f64>() / per_node.len() as f64,
+            slowest: per_node.iter().copied().fold(0.0, f64::max),
+        });
+    }
+    let base = rows[0].step;
+    println!(
+        "{} nodes on this machine, {model}, {:?}, {} timed steps; files in {}",
+        args.nodes,
+        args.transport,
+        args.steps,
+        out.display()
+    );
+    println!(
+        "{:<18} {:>12} {:>14} {:>10} {:>10}",
+        "run", "ms per step", "slowest node", "steps/s", "overhead"
+    );
+    for r in &rows {
+        println!(
+            "{:<18} {:>12.2} {:>14.2} {:>10.1} {:>9.0}%",
+            r.label,
+            r.step * 1e3,
+            r.slowest * 1e3,
+            1.0 / r.step,
+            (r.step / base - 1.0) * 100.0
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_time_skips_the_warm_up_and_rejects_short_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        // steps 0..=29 at 0.5 s apart before the warm-up ends, 0.01 s after
+        let mut lines = Vec::new();
+        let mut t = 0.0;
+        for step in 0..30u64 {
+            t += if step < WARMUP_STEPS { 0.5 } else { 0.01 };
+            lines.push(format!(r#"{{"step":{step},"time":{t},"loss":1.0}}"#));
+        }
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let s = mean_step_seconds(&path).unwrap();
+        assert!((s - 0.01).abs() < 1e-9, "{s}");
+
+        std::fs::write(&path, lines[..5].join("\n")).unwrap();
+        let err = mean_step_seconds(&path).unwrap_err().to_string();
+        assert!(err.contains("fewer than"), "{err}");
+    }
+}

@@ -1,0 +1,92 @@
+//! OSGP over a local testnet of real `slowmo node` processes converges with
+//! staleness 1 and 2: every node finishes, nothing is lost (weights stay
+//! positive and finite), and the train loss ends well below where it began.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn slowmo_bin() -> PathBuf {
+    let path = std::env::var_os("SLOWMO_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/slowmo"));
+    assert!(
+        path.is_file(),
+        "slowmo binary missing at {} (cargo build -p slowmo-node)",
+        path.display()
+    );
+    path
+}
+
+/// (step, loss, weight) of every metrics line.
+fn metrics(path: &Path) -> Vec<(u64, f64, f64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["step"].as_u64().unwrap(),
+                v["loss"].as_f64().unwrap(),
+                v["weight"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn converges_with_staleness(staleness: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("net");
+    let steps = 200;
+    let status = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["local", "--nodes", "4", "--quiet", "--preset", "osgp"])
+        .args(["--staleness", &staleness.to_string()])
+        .args(["--steps", &steps.to_string(), "--eval-every", "0"])
+        .args(["--hidden", "32", "--batch-size", "16"])
+        .args(["--join-timeout", "60", "--peer-timeout", "60"])
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "osgp testnet with staleness {staleness}");
+    for node in 0..4 {
+        let dir = out.join(format!("node-{node}"));
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
+                .unwrap();
+        assert_eq!(summary["completed"], true, "node {node}: {summary}");
+        assert_eq!(summary["steps"], steps, "node {node}");
+        assert_eq!(summary["config"]["algorithm"]["staleness"], staleness);
+        let records = metrics(&dir.join("metrics.jsonl"));
+        assert_eq!(
+            records.len() as u64,
+            steps,
+            "node {node}: one record per step"
+        );
+        for (step, loss, w) in &records {
+            assert!(loss.is_finite(), "node {node} step {step}: loss {loss}");
+            assert!(
+                w.is_finite() && *w > 0.0,
+                "node {node} step {step}: push-sum weight {w}"
+            );
+        }
+        let first: f64 = records[..10].iter().map(|r| r.1).sum::<f64>() / 10.0;
+        let last = summary["final_train_loss"].as_f64().unwrap();
+        assert!(
+            last < 0.6 * first,
+            "node {node}, staleness {staleness}: train loss {first:.3} -> {last:.3}"
+        );
+        let accuracy = summary["test_accuracy"].as_f64().unwrap();
+        assert!(accuracy > 0.5, "node {node}: averaged accuracy {accuracy}");
+    }
+}
+
+#[test]
+fn osgp_over_the_testnet_converges_with_staleness_one() {
+    converges_with_staleness(1);
+}
+
+#[test]
+fn osgp_over_the_testnet_converges_with_staleness_two() {
+    converges_with_staleness(2);
+}
