@@ -106,6 +106,14 @@ pub trait Communicator: Send {
         x: &mut [f32],
         w: &mut f64,
     ) -> Result<(), CommError>;
+    /// Whether every push-sum share of rounds `<= up_to` has arrived; adds
+    /// nothing and never blocks. A communicator that cannot tell says `true`,
+    /// and the next [`Communicator::push_sum`] waits as its staleness bound
+    /// says (the in-memory network does this, which keeps it deterministic).
+    fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
+        let _ = up_to;
+        Ok(true)
+    }
     /// Wait for every push-sum share still in flight towards this rank and add
     /// it into `(x, w)`.
     fn drain(&mut self, x: &mut [f32], w: &mut f64) -> Result<(), CommError>;

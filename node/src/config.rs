@@ -132,6 +132,11 @@ pub struct TrainOptions {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub staleness: Option<u64>,
+    /// OSGP: gossip rounds run at their own pace; a step never waits for a
+    /// peer and mixes in a round once all its shares arrived [default: false].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub background_gossip: Option<bool>,
     /// Communication graph for sgp/osgp (see `slowmo topology`) [default: exponential].
     #[arg(long)]
     #[serde(
@@ -264,7 +269,7 @@ impl TrainOptions {
     /// `self` with every field that `over` sets replaced.
     pub fn overlaid(mut self, over: &TrainOptions) -> Self {
         overlay!(self, over; preset, base, workers, tau, alpha, beta, no_average, nesterov_outer,
-            buffer_policy, staleness, graph, peers, optimizer, lr, momentum, nesterov, weight_decay,
+            buffer_policy, staleness, background_gossip, graph, peers, optimizer, lr, momentum, nesterov, weight_decay,
             schedule, batch_size, steps, eval_every, model, hidden, dataset, data_dir, partition, seed);
         self
     }
@@ -310,6 +315,15 @@ impl TrainOptions {
             return Err(invalid(
                 "staleness",
                 format!("a staleness bound needs base osgp, not {}", algorithm.base),
+            ));
+        }
+        if let Some(v) = self.background_gossip {
+            algorithm.background_gossip = v;
+        }
+        if algorithm.background_gossip && algorithm.base != Base::Osgp {
+            return Err(invalid(
+                "background_gossip",
+                format!("background gossip needs base osgp, not {}", algorithm.base),
             ));
         }
 

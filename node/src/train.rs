@@ -63,6 +63,9 @@ pub struct StepRecord {
     pub bytes_received: u64,
     /// Push-sum weight of this worker.
     pub weight: f64,
+    /// Push-sum rounds this worker has started (step + 1 for SGP and OSGP,
+    /// fewer with background gossip over slow links; 0 without push-sum).
+    pub gossip_rounds: u64,
     /// Mean over workers of ||z_i - z_bar|| (at evaluations and barriers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consensus_distance: Option<f64>,
@@ -194,6 +197,63 @@ fn snapshot(
     ))
 }
 
+/// One push-sum round with this round's peers.
+fn gossip(
+    comm: &mut dyn Communicator,
+    topology: &dyn Topology,
+    round: u64,
+    staleness: u64,
+    state: &mut PushSum,
+) -> Result<(), CommError> {
+    let rank = comm.rank();
+    let out_peers = topology.out_peers(rank, round);
+    let in_peers = topology.in_peers(rank, round);
+    comm.push_sum(
+        &PushSumRound {
+            round,
+            out_peers: &out_peers,
+            in_peers: &in_peers,
+            staleness,
+        },
+        &mut state.x,
+        &mut state.w,
+    )
+}
+
+/// Background gossip: brings every worker to the same number of started
+/// rounds (the largest), so that a drain afterwards waits for exactly the
+/// shares that were sent. Round counts travel as two exact 24-bit halves.
+fn catch_up(
+    comm: &mut dyn Communicator,
+    topology: &dyn Topology,
+    rounds: &mut u64,
+    state: &mut PushSum,
+) -> Result<(), CommError> {
+    const HALF: u64 = 1 << 24;
+    if *rounds >= HALF * HALF {
+        return Err(CommError::Other(format!(
+            "{rounds} gossip rounds: more than this loop can count"
+        )));
+    }
+    let m = comm.world_size();
+    let rank = comm.rank();
+    let mut counts = vec![0f32; 2 * m];
+    counts[2 * rank] = (*rounds / HALF) as f32;
+    counts[2 * rank + 1] = (*rounds % HALF) as f32;
+    let mut unused = 0.0;
+    comm.all_reduce_sum(&mut counts, &mut unused)?;
+    let target = counts
+        .chunks_exact(2)
+        .map(|c| c[0] as u64 * HALF + c[1] as u64)
+        .max()
+        .unwrap_or(0);
+    while *rounds < target {
+        gossip(comm, topology, *rounds, 1, state)?;
+        *rounds += 1;
+    }
+    Ok(())
+}
+
 /// Runs one worker to the end. `on_step` sees every step's record.
 pub fn run_worker(
     setup: WorkerSetup,
@@ -215,6 +275,10 @@ pub fn run_worker(
     let tau = alg.slowmo.tau;
     let sample_len = dataset.sample_len();
     let push_sum = alg.base.uses_push_sum();
+    let background = push_sum && alg.background_gossip;
+    // Push-sum rounds started so far: one per step unless gossip runs in
+    // the background.
+    let mut rounds = 0u64;
 
     // x_{0,0}: the same on every worker; the anchor is captured before any step.
     let x0 = model.init_params(config.seed);
@@ -268,20 +332,20 @@ pub fn run_worker(
             grad.iter_mut().for_each(|g| *g *= inv);
             loss = (loss_sum / m as f64) as f32;
         }
-        opt.step(&mut state.x, &grad, lr);
+        // With background gossip a round stays in flight for many steps, and
+        // meanwhile w is below 1: a step of lr on the numerator would move
+        // z = x / w by lr / w. Scaling it by w keeps z's step at lr.
+        let step_lr = if background { lr * state.w as f32 } else { lr };
+        opt.step(&mut state.x, &grad, step_lr);
         if push_sum {
-            let out_peers = topology.out_peers(rank, step);
-            let in_peers = topology.in_peers(rank, step);
-            comm.push_sum(
-                &PushSumRound {
-                    round: step,
-                    out_peers: &out_peers,
-                    in_peers: &in_peers,
-                    staleness: alg.staleness,
-                },
-                &mut state.x,
-                &mut state.w,
-            )?;
+            if !background {
+                gossip(comm, &*topology, step, alg.staleness, &mut state)?;
+                rounds = step + 1;
+            } else if rounds == 0 || comm.shares_arrived(rounds - 1)? {
+                // Round `rounds - 1` is complete: mix it in, start the next.
+                gossip(comm, &*topology, rounds, 1, &mut state)?;
+                rounds += 1;
+            }
         }
 
         let mut record = StepRecord {
@@ -292,6 +356,7 @@ pub fn run_worker(
             bytes_sent: 0,
             bytes_received: 0,
             weight: state.w,
+            gossip_rounds: rounds,
             consensus_distance: None,
             weight_spread: None,
             test_accuracy: None,
@@ -308,6 +373,9 @@ pub fn run_worker(
                     state.debiased_into(&mut z);
                     z.clone()
                 });
+                if background {
+                    catch_up(comm, &*topology, &mut rounds, &mut state)?;
+                }
                 // AR-SGD keeps every worker identical: nothing to average.
                 if alg.base != Base::ArSgd {
                     exact_average(comm, &mut state.x, &mut state.w)?;
@@ -361,6 +429,9 @@ pub fn run_worker(
     }
 
     // Nothing may stay in flight: add every late share before measuring.
+    if background {
+        catch_up(comm, &*topology, &mut rounds, &mut state)?;
+    }
     if push_sum {
         comm.drain(&mut state.x, &mut state.w)?;
     }

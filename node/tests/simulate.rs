@@ -114,3 +114,39 @@ fn a_missing_dataset_is_a_clear_error() {
     let text = format!("{err:#}");
     assert!(text.contains("/nonexistent/slowmo-test"), "{text}");
 }
+
+#[test]
+fn background_gossip_in_the_simulator_starts_a_round_every_step_and_is_deterministic() {
+    // The in-memory network cannot tell what has arrived without waiting, so
+    // a background round starts every step and waits like staleness 1; the
+    // simulator stays deterministic.
+    let text = format!(
+        "{SMALL}workers = 4\nsteps = 60\nbase = \"osgp\"\ntau = 6\nbackground_gossip = true\n"
+    );
+    let config = options(&text).resolve().unwrap();
+    let mut records = Vec::new();
+    let first = simulate(&config, &mut |r| {
+        records.push((r.step, r.gossip_rounds, r.loss))
+    })
+    .unwrap();
+    assert_eq!(records.len(), 60);
+    for (step, rounds, _) in &records {
+        assert_eq!(*rounds, step + 1, "step {step}");
+    }
+    let start = records[..5].iter().map(|r| r.2).sum::<f32>() / 5.0;
+    assert!(
+        first.final_train_loss < 0.8 * start,
+        "loss {start} -> {}",
+        first.final_train_loss
+    );
+    assert_eq!(run(&config).averaged_params, first.averaged_params);
+}
+
+#[test]
+fn background_gossip_needs_osgp() {
+    let err = options("base = \"sgp\"\nbackground_gossip = true\n")
+        .resolve()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("background gossip needs base osgp"), "{err}");
+}

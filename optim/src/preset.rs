@@ -115,6 +115,15 @@ pub struct Algorithm {
     pub slowmo: SlowMoConfig,
     /// Rounds a worker may run ahead of its in-peers' messages (0 = synchronous).
     pub staleness: u64,
+    /// OSGP only: gossip rounds advance at their own pace instead of one per
+    /// step. A step never waits for a peer; it mixes in a round's shares once
+    /// all of them have arrived and then starts the next round, so a slow
+    /// link or a slow peer slows the mixing, not the stepping. Rounds stay
+    /// coupled (round g + 1 starts after round g's shares arrived), which
+    /// keeps push-sum weights balanced. Barriers first bring every worker to
+    /// the same round.
+    #[serde(default)]
+    pub background_gossip: bool,
 }
 
 impl Algorithm {
@@ -173,6 +182,7 @@ impl Preset {
             base,
             slowmo,
             staleness: base.default_staleness(),
+            background_gossip: false,
         }
     }
 

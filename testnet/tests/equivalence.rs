@@ -1,20 +1,11 @@
 //! A local testnet of real `slowmo node` processes over libp2p gives the same
 //! final parameters as the in-process simulator with the same settings.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn slowmo_bin() -> PathBuf {
-    let path = std::env::var_os("SLOWMO_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/slowmo"));
-    assert!(
-        path.is_file(),
-        "slowmo binary missing at {} (cargo build -p slowmo-node)",
-        path.display()
-    );
-    path
-}
+mod local_support;
+use local_support::slowmo_bin;
 
 fn load(path: &Path) -> Vec<(String, Vec<f32>)> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

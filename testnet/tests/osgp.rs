@@ -2,20 +2,11 @@
 //! staleness 1 and 2: every node finishes, nothing is lost (weights stay
 //! positive and finite), and the train loss ends well below where it began.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn slowmo_bin() -> PathBuf {
-    let path = std::env::var_os("SLOWMO_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/slowmo"));
-    assert!(
-        path.is_file(),
-        "slowmo binary missing at {} (cargo build -p slowmo-node)",
-        path.display()
-    );
-    path
-}
+mod local_support;
+use local_support::slowmo_bin;
 
 /// (step, loss, weight) of every metrics line.
 fn metrics(path: &Path) -> Vec<(u64, f64, f64)> {
@@ -89,4 +80,58 @@ fn osgp_over_the_testnet_converges_with_staleness_one() {
 #[test]
 fn osgp_over_the_testnet_converges_with_staleness_two() {
     converges_with_staleness(2);
+}
+
+#[test]
+fn osgp_with_background_gossip_over_the_testnet_converges_and_loses_no_mass() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("net");
+    // On few cores the nodes out-step their gossip by far (a round costs
+    // tens of steps), so give the run time to mix a few rounds.
+    let steps = 400u64;
+    let status = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["local", "--nodes", "4", "--quiet", "--preset", "osgp"])
+        .args(["--background-gossip", "true"])
+        .args(["--steps", &steps.to_string(), "--eval-every", "0"])
+        .args(["--hidden", "32", "--batch-size", "16"])
+        .args(["--join-timeout", "60", "--peer-timeout", "60"])
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "osgp testnet with background gossip");
+    let (mut rounds, mut accuracies) = (Vec::new(), Vec::new());
+    for node in 0..4 {
+        let dir = out.join(format!("node-{node}"));
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
+                .unwrap();
+        assert_eq!(summary["completed"], true, "node {node}: {summary}");
+        let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        let started = last["gossip_rounds"].as_u64().unwrap();
+        assert!(
+            (1..=steps).contains(&started),
+            "node {node}: {started} rounds in {steps} steps"
+        );
+        rounds.push(started);
+        let records = metrics(&dir.join("metrics.jsonl"));
+        let first: f64 = records[..10].iter().map(|r| r.1).sum::<f64>() / 10.0;
+        let final_loss = summary["final_train_loss"].as_f64().unwrap();
+        assert!(
+            final_loss < 0.6 * first,
+            "node {node}: train loss {first:.3} -> {final_loss:.3}"
+        );
+        // The drain at the end added every share, so every node evaluates
+        // the same exact average of all the mass.
+        accuracies.push(summary["test_accuracy"].as_f64().unwrap());
+    }
+    println!("gossip rounds started by step {steps}: {rounds:?}");
+    assert!(accuracies[0] > 0.5, "averaged accuracy {accuracies:?}");
+    assert!(
+        accuracies.iter().all(|a| *a == accuracies[0]),
+        "nodes disagree on the averaged model: {accuracies:?}"
+    );
 }

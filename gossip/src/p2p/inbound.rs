@@ -114,7 +114,8 @@ async fn serve_one(
             .map_err(ReadError::Rejected)?;
     }
     let buf = shared.pool.take(bytes as usize);
-    let (payload, scan) = read_payload(stream, bytes, buf).await?;
+    let (payload, scan) =
+        read_payload(stream, bytes, buf, &mut || shared.activity.touch(&peer)).await?;
     check_payload(&header, &payload, &scan).map_err(ReadError::Rejected)?;
     let wire_bytes = header_bytes + payload.len() as u64;
     if protocol == PUSH_SUM_PROTOCOL {

@@ -130,7 +130,8 @@ async fn send_one(
             }
         }
         let s = stream.as_mut().expect("stream opened above");
-        match write_frame(s, &msg.header, &msg.payload[..]).await {
+        let mut progress = || shared.activity.touch(&peer);
+        match write_frame(s, &msg.header, &msg.payload[..], &mut progress).await {
             Ok(()) => {
                 shared.counters.sent(bytes);
                 return;

@@ -288,10 +288,18 @@ impl P2pComm {
                 .map(|p| p.to_string())
                 .unwrap_or_default()
         };
+        let members = self.view.clone();
+        let shared = self.shared.clone();
+        let timeout = shared.cfg.peer_timeout;
+        let deadline = move |r: Rank, started: std::time::Instant| match members.members.get(r) {
+            Some(peer) => shared.activity.deadline(peer, started, timeout),
+            None => started + timeout,
+        };
         let ctx = CollectCtx {
             inbox: &self.shared.push_inbox,
             pool: &self.shared.pool,
-            timeout: self.shared.cfg.peer_timeout,
+            timeout,
+            deadline: &deadline,
             peer_name: &name,
         };
         self.push.collect(&ctx, wait_up_to, x, w, op)
@@ -448,6 +456,33 @@ pub(crate) fn block_on_timeout<F: std::future::Future>(
     rt.block_on(async move { tokio::time::timeout(limit, fut).await })
 }
 
+/// Runs `fut` on the node's runtime from a plain thread, giving up only
+/// after `limit` without any bytes moving to or from `peer` (see
+/// [`state::Activity`]): a slow transfer that progresses is waited for.
+pub(crate) fn block_on_active<F: std::future::Future>(
+    rt: &Runtime,
+    shared: &Shared,
+    peer: &PeerId,
+    limit: Duration,
+    fut: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let started = std::time::Instant::now();
+    rt.block_on(async move {
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            let deadline = shared.activity.deadline(peer, started, limit);
+            match tokio::time::timeout_at(deadline.into(), fut.as_mut()).await {
+                Ok(out) => return Ok(out),
+                Err(elapsed) => {
+                    if shared.activity.deadline(peer, started, limit) <= std::time::Instant::now() {
+                        return Err(elapsed);
+                    }
+                }
+            }
+        }
+    })
+}
+
 fn with_peer_suffix(listen: &Mutex<Vec<Multiaddr>>, local: &PeerId) -> Vec<String> {
     lock(listen)
         .iter()
@@ -522,7 +557,8 @@ impl Communicator for P2pComm {
                     payload: payload.clone(),
                 };
                 let timeout = self.shared.cfg.peer_timeout;
-                match block_on_timeout(rt, timeout, link.queue.send(msg)) {
+                let send = link.queue.send(msg);
+                match block_on_active(rt, &self.shared, &link.peer, timeout, send) {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => {
                         return Err(CommError::Closed(format!("link to rank {peer} is gone")));
@@ -544,6 +580,10 @@ impl Communicator for P2pComm {
             Some(up_to) => self.collect(Some(up_to), x, w, "push-sum"),
             None => self.collect(None, x, w, "push-sum"),
         }
+    }
+
+    fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
+        Ok(self.push.arrived(&self.shared.push_inbox, up_to))
     }
 
     fn drain(&mut self, x: &mut [f32], w: &mut f64) -> Result<(), CommError> {

@@ -119,6 +119,10 @@ pub(crate) struct CollectCtx<'a> {
     pub inbox: &'a PushInbox,
     pub pool: &'a BufferPool,
     pub timeout: std::time::Duration,
+    /// When a wait on a rank that began at the given instant gives up: the
+    /// timeout counts from the later of that start and the peer's last
+    /// progress, so a slow share still arriving is not silence.
+    pub deadline: &'a dyn Fn(Rank, Instant) -> Instant,
     pub peer_name: &'a dyn Fn(Rank) -> String,
 }
 
@@ -150,6 +154,16 @@ impl PushState {
         Ok(())
     }
 
+    /// Whether every expected share of rounds `<= up_to` is in the inbox.
+    pub fn arrived(&self, inbox: &PushInbox, up_to: u64) -> bool {
+        let st = lock(&inbox.state);
+        self.expected.range(..=up_to).all(|(round, senders)| {
+            senders
+                .iter()
+                .all(|from| st.shares.contains_key(&(*round, *from)))
+        })
+    }
+
     /// Adds every share of rounds <= the latest call's round that has
     /// arrived, and waits until nothing of rounds <= `wait_up_to` is missing.
     pub fn collect(
@@ -161,7 +175,7 @@ impl PushState {
         operation: &'static str,
     ) -> Result<(), CommError> {
         let take_up_to = self.last.unwrap_or(0);
-        let deadline = Instant::now() + ctx.timeout;
+        let started = Instant::now();
         let mut st = lock(&ctx.inbox.state);
         loop {
             let keys: Vec<(u64, Rank)> = st
@@ -204,6 +218,7 @@ impl PushState {
             let Some((round, from)) = missing else {
                 return Ok(());
             };
+            let deadline = (ctx.deadline)(from, started);
             let now = Instant::now();
             if now >= deadline {
                 return Err(CommError::PeerTimeout {
@@ -229,13 +244,16 @@ mod tests {
     use super::*;
     use crate::p2p::wire::f32_to_bytes;
 
+    const TIMEOUT: std::time::Duration = std::time::Duration::from_millis(50);
+    static POOL: std::sync::LazyLock<BufferPool> =
+        std::sync::LazyLock::new(|| BufferPool::new(2, 64));
+
     fn ctx<'a>(inbox: &'a PushInbox, name: &'a dyn Fn(Rank) -> String) -> CollectCtx<'a> {
-        static POOL: std::sync::LazyLock<BufferPool> =
-            std::sync::LazyLock::new(|| BufferPool::new(2, 64));
         CollectCtx {
             inbox,
             pool: &POOL,
-            timeout: std::time::Duration::from_millis(50),
+            timeout: TIMEOUT,
+            deadline: &|_, started| started + TIMEOUT,
             peer_name: name,
         }
     }
@@ -289,5 +307,49 @@ mod tests {
         inbox
             .deliver(0, 1, 0.5, f32_to_bytes(&[1000.0]))
             .unwrap_err(); // rank 1 already sent round 1
+    }
+
+    #[test]
+    fn a_share_still_arriving_is_waited_for_past_the_timeout() {
+        let inbox = PushInbox::new(8);
+        let name = |r: Rank| format!("peer-{r}");
+        // The receive task notes progress every 20 ms (bytes of a slow
+        // share), for four timeouts, and then the share lands.
+        let last = Mutex::new(Instant::now());
+        let deadline = |_: Rank, started: Instant| (*lock(&last)).max(started) + TIMEOUT;
+        let ctx = CollectCtx {
+            inbox: &inbox,
+            pool: &POOL,
+            timeout: TIMEOUT,
+            deadline: &deadline,
+            peer_name: &name,
+        };
+        let mut st = PushState::default();
+        let (mut x, mut w) = (vec![1.0f32], 1.0);
+        st.begin(&inbox, 0, &[1]).unwrap();
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..10 {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    *lock(&last) = Instant::now();
+                }
+                inbox.deliver(0, 1, 0.5, f32_to_bytes(&[2.0])).unwrap();
+            });
+            st.collect(&ctx, Some(0), &mut x, &mut w, "push-sum")
+                .expect("progress keeps the wait alive");
+        });
+        assert!(
+            started.elapsed() >= 4 * TIMEOUT,
+            "the share came after 200 ms"
+        );
+        assert_eq!((x[0], w), (3.0, 1.5));
+
+        // Once progress stops, the same wait gives up and names the peer.
+        st.begin(&inbox, 1, &[1]).unwrap();
+        match st.collect(&ctx, Some(1), &mut x, &mut w, "push-sum") {
+            Err(CommError::PeerTimeout { rank, round, .. }) => assert_eq!((rank, round), (1, 1)),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
     }
 }

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use libp2p::PeerId;
 use tokio::sync::{mpsc, watch};
@@ -76,6 +77,26 @@ impl Counters {
     }
 }
 
+/// When bytes last moved to or from each peer. A peer that is slow but
+/// still moving data (a large share over a thin link) is not silent: every
+/// wait on a peer times out only after `peer_timeout` without any progress.
+#[derive(Default)]
+pub(crate) struct Activity(Mutex<HashMap<PeerId, Instant>>);
+
+impl Activity {
+    /// Notes that bytes just moved to or from `peer`.
+    pub fn touch(&self, peer: &PeerId) {
+        lock(&self.0).insert(*peer, Instant::now());
+    }
+
+    /// When a wait on `peer` that began at `start` gives up: `timeout` after
+    /// the later of its start and the peer's last activity.
+    pub fn deadline(&self, peer: &PeerId, start: Instant, timeout: Duration) -> Instant {
+        let last = lock(&self.0).get(peer).copied();
+        last.map_or(start, |t| t.max(start)) + timeout
+    }
+}
+
 /// An all-reduce chunk that passed validation, on its way to the training
 /// thread.
 pub(crate) struct ReduceMsg {
@@ -89,6 +110,7 @@ pub(crate) struct Shared {
     pub cfg: P2pConfig,
     pub local: PeerId,
     pub counters: Counters,
+    pub activity: Activity,
     /// The current view, `None` until the join completes.
     pub view: watch::Receiver<Option<Arc<View>>>,
     pub push_inbox: PushInbox,
@@ -125,6 +147,7 @@ impl Shared {
             cfg,
             local,
             counters: Counters::default(),
+            activity: Activity::default(),
             view,
             push_inbox,
             pool,

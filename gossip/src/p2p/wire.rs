@@ -147,14 +147,17 @@ pub fn encode_header(header: &Header) -> Vec<u8> {
 }
 
 /// Writes one frame: the encoded header, then the payload in chunks.
+/// `progress` is called after every chunk written (see [`super::state::Activity`]).
 pub async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     header: &[u8],
     payload: &[u8],
+    progress: &mut (dyn FnMut() + Send),
 ) -> std::io::Result<()> {
     w.write_all(header).await?;
     for chunk in payload.chunks(WRITE_CHUNK) {
         w.write_all(chunk).await?;
+        progress();
     }
     w.flush().await
 }
@@ -200,10 +203,12 @@ pub async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<(Header, u64
 /// an empty one that grows as data arrives: a lying length costs the liar
 /// bandwidth, not our memory up front), scanning each piece right after it
 /// arrives.
+/// `progress` is called after every read that returned bytes.
 pub async fn read_payload<R: AsyncRead + Unpin>(
     r: &mut R,
     len: u64,
     buf: Vec<u8>,
+    progress: &mut (dyn FnMut() + Send),
 ) -> Result<(Vec<u8>, Scan), ReadError> {
     let len = len as usize;
     let mut out = buf;
@@ -223,6 +228,7 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
             }));
         }
         filled += n;
+        progress();
         let whole = if filled == len { len } else { filled & !3 };
         scan.feed(&out[scanned..whole]);
         scanned = whole;
@@ -276,13 +282,19 @@ mod tests {
         let mut h = header();
         h.checksum = checksum(&payload);
         let mut wire = Vec::new();
-        futures::executor::block_on(write_frame(&mut wire, &encode_header(&h), &payload)).unwrap();
+        futures::executor::block_on(write_frame(
+            &mut wire,
+            &encode_header(&h),
+            &payload,
+            &mut || {},
+        ))
+        .unwrap();
         let mut r = futures::io::Cursor::new(wire);
         let (got, size) = futures::executor::block_on(read_header(&mut r)).unwrap();
         assert_eq!(got, h);
         assert_eq!(size as usize, encode_header(&h).len());
         let (body, scan) =
-            futures::executor::block_on(read_payload(&mut r, 12, vec![1; 40])).unwrap();
+            futures::executor::block_on(read_payload(&mut r, 12, vec![1; 40], &mut || {})).unwrap();
         assert_eq!(body, payload);
         check_payload(&got, &body, &scan).unwrap();
         assert!(matches!(
@@ -305,7 +317,7 @@ mod tests {
         ));
         let mut r = futures::io::Cursor::new(vec![1u8; 10]);
         assert!(matches!(
-            futures::executor::block_on(read_payload(&mut r, 12, Vec::new())),
+            futures::executor::block_on(read_payload(&mut r, 12, Vec::new(), &mut || {})),
             Err(ReadError::Rejected(Reject::Truncated {
                 announced: 12,
                 got: 10
