@@ -1,7 +1,8 @@
 //! `slowmo-testnet bench`: per-step wall time of a local testnet with and
 //! without communication, measured side by side in one run.
 //!
-//! Every row is a full `slowmo-testnet local` run of the same nodes, data
+//! Rows: no communication, SGP, OSGP (staleness 1), OSGP with background
+//! gossip, SlowMo over SGP. Every row is a full `slowmo-testnet local` run of the same nodes, data
 //! and model. The baseline is Local SGD with the outer period longer than
 //! the run: the nodes join the same way but exchange nothing while they
 //! train. Step times come from each node's metrics (`time` of every step),
@@ -50,6 +51,8 @@ struct Row {
     step: f64,
     /// The slowest node's mean step time, seconds.
     slowest: f64,
+    /// Push-sum rounds node 0 started.
+    rounds: u64,
 }
 
 /// Mean seconds per step after the warm-up, from one node's metrics.
@@ -76,6 +79,16 @@ pub fn mean_step_seconds(metrics: &Path) -> anyhow::Result<f64> {
     }
 }
 
+/// The push-sum rounds started by the last step in a node's metrics.
+fn last_gossip_rounds(metrics: &Path) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(metrics)
+        .with_context(|| format!("reading {}", metrics.display()))?;
+    let last = text.lines().last().unwrap_or("{}");
+    let v: serde_json::Value = serde_json::from_str(last)
+        .with_context(|| format!("{}: last line is not JSON", metrics.display()))?;
+    Ok(v["gossip_rounds"].as_u64().unwrap_or(0))
+}
+
 fn options(
     steps: u64,
     model: ModelKind,
@@ -99,13 +112,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let model = args.model;
     let total = WARMUP_STEPS + args.steps;
     let run = |preset, base, tau| options(total, model, preset, base, tau);
-    let runs: [(&'static str, TrainOptions); 4] = [
+    let background = TrainOptions {
+        background_gossip: Some(true),
+        ..run(Some(Preset::Osgp), Base::Osgp, None)
+    };
+    let runs: [(&'static str, TrainOptions); 5] = [
         (
             "no communication",
             run(Some(Preset::LocalSgd), Base::LocalSgd, Some(total + 1)),
         ),
         ("sgp", run(Some(Preset::Sgp), Base::Sgp, None)),
         ("osgp", run(Some(Preset::Osgp), Base::Osgp, None)),
+        ("osgp background", background),
         ("slowmo-sgp", run(None, Base::Sgp, None)),
     ];
     let out = args.out.clone().unwrap_or_else(|| {
@@ -139,7 +157,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 &run_dir.join(format!("node-{i}")).join("metrics.jsonl"),
             )?);
         }
+        let rounds = last_gossip_rounds(&run_dir.join("node-0").join("metrics.jsonl"))?;
         rows.push(Row {
+            rounds,
             label,
             step: per_node.iter().sum::<f64>() / per_node.len() as f64,
             slowest: per_node.iter().copied().fold(0.0, f64::max),
@@ -154,17 +174,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         out.display()
     );
     println!(
-        "{:<18} {:>12} {:>14} {:>10} {:>10}",
-        "run", "ms per step", "slowest node", "steps/s", "overhead"
+        "{:<18} {:>12} {:>14} {:>10} {:>10} {:>14}",
+        "run", "ms per step", "slowest node", "steps/s", "overhead", "gossip rounds"
     );
     for r in &rows {
         println!(
-            "{:<18} {:>12.2} {:>14.2} {:>10.1} {:>9.0}%",
+            "{:<18} {:>12.2} {:>14.2} {:>10.1} {:>9.0}% {:>14}",
             r.label,
             r.step * 1e3,
             r.slowest * 1e3,
             1.0 / r.step,
-            (r.step / base - 1.0) * 100.0
+            (r.step / base - 1.0) * 100.0,
+            r.rounds
         );
     }
     Ok(())

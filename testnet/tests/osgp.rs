@@ -23,29 +23,48 @@ fn metrics(path: &Path) -> Vec<(u64, f64, f64)> {
         .collect()
 }
 
-fn converges_with_staleness(staleness: u64) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("net");
-    let steps = 200;
+/// Runs a 4-node OSGP testnet of `steps` steps with `flags` and returns
+/// each node's folder and summary, checking that every node completed.
+fn osgp_testnet(
+    out: &Path,
+    steps: u64,
+    flags: &[&str],
+) -> Vec<(std::path::PathBuf, serde_json::Value)> {
     let status = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
         .args(["local", "--nodes", "4", "--quiet", "--preset", "osgp"])
-        .args(["--staleness", &staleness.to_string()])
+        .args(flags)
         .args(["--steps", &steps.to_string(), "--eval-every", "0"])
         .args(["--hidden", "32", "--batch-size", "16"])
         .args(["--join-timeout", "60", "--peer-timeout", "60"])
         .arg("--slowmo-bin")
         .arg(slowmo_bin())
         .arg("--out")
-        .arg(&out)
+        .arg(out)
         .status()
         .unwrap();
-    assert!(status.success(), "osgp testnet with staleness {staleness}");
-    for node in 0..4 {
-        let dir = out.join(format!("node-{node}"));
-        let summary: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
-                .unwrap();
-        assert_eq!(summary["completed"], true, "node {node}: {summary}");
+    assert!(status.success(), "osgp testnet {flags:?}");
+    (0..4)
+        .map(|node| {
+            let dir = out.join(format!("node-{node}"));
+            let summary: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
+                    .unwrap();
+            assert_eq!(summary["completed"], true, "node {node}: {summary}");
+            (dir, summary)
+        })
+        .collect()
+}
+
+fn converges_with_staleness(staleness: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 200;
+    let staleness_flag = staleness.to_string();
+    let nodes = osgp_testnet(
+        &dir.path().join("net"),
+        steps,
+        &["--staleness", &staleness_flag],
+    );
+    for (node, (dir, summary)) in nodes.iter().enumerate() {
         assert_eq!(summary["steps"], steps, "node {node}");
         assert_eq!(summary["config"]["algorithm"]["staleness"], staleness);
         let records = metrics(&dir.join("metrics.jsonl"));
@@ -85,30 +104,16 @@ fn osgp_over_the_testnet_converges_with_staleness_two() {
 #[test]
 fn osgp_with_background_gossip_over_the_testnet_converges_and_loses_no_mass() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("net");
     // On few cores the nodes out-step their gossip by far (a round costs
     // tens of steps), so give the run time to mix a few rounds.
     let steps = 400u64;
-    let status = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
-        .args(["local", "--nodes", "4", "--quiet", "--preset", "osgp"])
-        .args(["--background-gossip", "true"])
-        .args(["--steps", &steps.to_string(), "--eval-every", "0"])
-        .args(["--hidden", "32", "--batch-size", "16"])
-        .args(["--join-timeout", "60", "--peer-timeout", "60"])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(status.success(), "osgp testnet with background gossip");
+    let nodes = osgp_testnet(
+        &dir.path().join("net"),
+        steps,
+        &["--background-gossip", "true"],
+    );
     let (mut rounds, mut accuracies) = (Vec::new(), Vec::new());
-    for node in 0..4 {
-        let dir = out.join(format!("node-{node}"));
-        let summary: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
-                .unwrap();
-        assert_eq!(summary["completed"], true, "node {node}: {summary}");
+    for (node, (dir, summary)) in nodes.iter().enumerate() {
         let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
         let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
         let started = last["gossip_rounds"].as_u64().unwrap();
