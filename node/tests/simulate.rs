@@ -123,13 +123,24 @@ fn background_gossip_in_the_simulator_starts_a_round_every_step_and_is_determini
     let text = format!(
         "{SMALL}workers = 4\nsteps = 60\nbase = \"osgp\"\ntau = 6\nbackground_gossip = true\n"
     );
-    let config = options(&text).resolve().unwrap();
+    let mut config = options(&text).resolve().unwrap();
+    // Evaluations are each worker's own (no collective to wait on).
+    config.eval_every = 20;
     let mut records = Vec::new();
+    let mut evaluations = Vec::new();
     let first = simulate(&config, &mut |r| {
-        records.push((r.step, r.gossip_rounds, r.loss))
+        records.push((r.step, r.gossip_rounds, r.loss));
+        if let Some(acc) = r.test_accuracy {
+            evaluations.push((r.step, acc, r.consensus_distance));
+        }
     })
     .unwrap();
     assert_eq!(records.len(), 60);
+    assert_eq!(evaluations.len(), 2, "{evaluations:?}");
+    for (step, acc, consensus) in &evaluations {
+        assert!((0.0..=1.0).contains(acc), "step {step}: accuracy {acc}");
+        assert!(consensus.is_none(), "step {step}: a collective ran");
+    }
     for (step, rounds, _) in &records {
         assert_eq!(*rounds, step + 1, "step {step}");
     }
