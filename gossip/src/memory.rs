@@ -118,8 +118,7 @@ impl MemoryComm {
         if rounds.is_empty() {
             return Ok(());
         }
-        let shared = self.shared.clone();
-        let (mailbox, arrived) = &shared.mailboxes[self.rank];
+        let (mailbox, arrived) = &self.shared.mailboxes[self.rank];
         let deadline = Instant::now() + self.shared.timeout;
         let mut inbox = lock(mailbox);
         loop {
@@ -179,9 +178,22 @@ impl MemoryComm {
         }
         Ok(())
     }
-}
 
-impl MemoryComm {
+    /// Puts a share of round `round` into `peer`'s mailbox.
+    fn send_share(&mut self, peer: Rank, round: u64, x: Vec<f32>, w: f64) {
+        let bytes = message_bytes(x.len());
+        let (mailbox, arrived) = &self.shared.mailboxes[peer];
+        lock(mailbox).push(Share {
+            round,
+            from: self.rank,
+            x,
+            w,
+        });
+        arrived.notify_all();
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += bytes;
+    }
+
     /// Every rank's contribution, in rank order, once all have arrived.
     fn gather(
         &mut self,
@@ -249,7 +261,7 @@ impl Communicator for MemoryComm {
     ) -> Result<(), CommError> {
         self.check_len(x.len())?;
         let p = push_sum_share(round.out_peers.len());
-        if !round.out_peers.is_empty() {
+        if let Some((&last, others)) = round.out_peers.split_last() {
             let pf = p as f32;
             // One pass scales x and writes the first share.
             let share: Vec<f32> = x
@@ -260,24 +272,11 @@ impl Communicator for MemoryComm {
                 })
                 .collect();
             *w *= p;
-            let mut share = Some(share);
-            for (i, &peer) in round.out_peers.iter().enumerate() {
-                let x_share = if i + 1 == round.out_peers.len() {
-                    share.take().expect("the last peer takes the share")
-                } else {
-                    share.clone().expect("the share is kept for later peers")
-                };
-                let (mailbox, arrived) = &self.shared.mailboxes[peer];
-                lock(mailbox).push(Share {
-                    round: round.round,
-                    from: self.rank,
-                    x: x_share,
-                    w: *w,
-                });
-                arrived.notify_all();
-                self.stats.messages_sent += 1;
-                self.stats.bytes_sent += message_bytes(x.len());
+            // Every peer but the last gets a copy; the last takes the share.
+            for &peer in others {
+                self.send_share(peer, round.round, share.clone(), *w);
             }
+            self.send_share(last, round.round, share, *w);
         }
         if !round.in_peers.is_empty() {
             self.expected

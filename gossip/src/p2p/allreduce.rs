@@ -19,11 +19,11 @@ use std::time::Instant;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
+use super::block_on_active;
 use super::links::Outgoing;
 use super::payload::{add_bytes, copy_bytes, encode_f32};
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{DType, Header, Kind, Reject, WIRE_VERSION, encode_header};
-use super::{block_on_active, block_on_timeout};
 use crate::{CommError, Rank};
 
 /// Segment `i` of `n` elements cut into `m` near-equal parts.
@@ -57,12 +57,6 @@ pub(crate) struct Ring<'a> {
 }
 
 impl Ring<'_> {
-    fn progress_deadline(&self, peer: &libp2p::PeerId, started: Instant) -> Instant {
-        self.shared
-            .activity
-            .deadline(peer, started, self.shared.cfg.peer_timeout)
-    }
-
     fn peer_timeout(&self, rank: Rank) -> CommError {
         CommError::PeerTimeout {
             peer: self.view.members[rank].to_string(),
@@ -106,7 +100,8 @@ impl Ring<'_> {
         let right = (self.rank + 1) % self.view.members.len();
         let wait = self.shared.cfg.peer_timeout;
         let peer = self.view.members[right];
-        match block_on_active(self.rt, self.shared, &peer, wait, self.right.send(msg)) {
+        let send = self.right.send(msg);
+        match block_on_active(self.rt, self.shared, &peer, Instant::now(), wait, send) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(CommError::Closed(format!("link to rank {right} is gone"))),
             Err(_) => Err(self.peer_timeout(right)),
@@ -127,16 +122,22 @@ impl Ring<'_> {
         let left = (self.rank + m - 1) % m;
         // Silence, not slowness, is what times out: the clock restarts with
         // every chunk, and with every byte of one that is still arriving.
+        // Rejected chunks do not restart it.
         let started = Instant::now();
         let left_peer = self.view.members[left];
+        let wait = self.shared.cfg.peer_timeout;
         loop {
-            let deadline = self.progress_deadline(&left_peer, started);
-            let left_time = deadline.saturating_duration_since(Instant::now());
-            let got = block_on_timeout(self.rt, left_time, self.inbox.recv());
+            let got = block_on_active(
+                self.rt,
+                self.shared,
+                &left_peer,
+                started,
+                wait,
+                self.inbox.recv(),
+            );
             let msg = match got {
                 Ok(Some(msg)) => msg,
                 Ok(None) => return Err(CommError::Closed("all-reduce inbox closed".into())),
-                Err(_) if Instant::now() < self.progress_deadline(&left_peer, started) => continue,
                 Err(_) => return Err(self.peer_timeout(left)),
             };
             let h = &msg.header;

@@ -446,27 +446,19 @@ impl Drop for PendingJoin {
     }
 }
 
-/// Runs `fut` on the node's runtime from a plain thread, giving up after
-/// `limit` (the timer must be created inside the runtime).
-pub(crate) fn block_on_timeout<F: std::future::Future>(
-    rt: &Runtime,
-    limit: Duration,
-    fut: F,
-) -> Result<F::Output, tokio::time::error::Elapsed> {
-    rt.block_on(async move { tokio::time::timeout(limit, fut).await })
-}
-
 /// Runs `fut` on the node's runtime from a plain thread, giving up only
 /// after `limit` without any bytes moving to or from `peer` (see
-/// [`state::Activity`]): a slow transfer that progresses is waited for.
+/// [`state::Activity`]), counted from `started` at the earliest: a slow
+/// transfer that progresses is waited for. (The timer must be created
+/// inside the runtime, hence the wrapper.)
 pub(crate) fn block_on_active<F: std::future::Future>(
     rt: &Runtime,
     shared: &Shared,
     peer: &PeerId,
+    started: std::time::Instant,
     limit: Duration,
     fut: F,
 ) -> Result<F::Output, tokio::time::error::Elapsed> {
-    let started = std::time::Instant::now();
     rt.block_on(async move {
         let mut fut = std::pin::pin!(fut);
         loop {
@@ -558,7 +550,8 @@ impl Communicator for P2pComm {
                 };
                 let timeout = self.shared.cfg.peer_timeout;
                 let send = link.queue.send(msg);
-                match block_on_active(rt, &self.shared, &link.peer, timeout, send) {
+                let now = std::time::Instant::now();
+                match block_on_active(rt, &self.shared, &link.peer, now, timeout, send) {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => {
                         return Err(CommError::Closed(format!("link to rank {peer} is gone")));
