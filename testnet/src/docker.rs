@@ -307,26 +307,16 @@ pub fn node_index(service: &str) -> Option<usize> {
 pub fn read_file(container: &str, path: &str) -> Result<Option<Vec<u8>>, DockerError> {
     let mut cmd = Command::new("docker");
     cmd.args(["cp", &format!("{container}:{path}"), "-"]);
-    let command = describe(&cmd);
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| DockerError::Spawn {
-            command: command.clone(),
-            source,
-        })?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if stderr.contains("No such container:path") || stderr.contains("Could not find the file") {
-            return Ok(None);
+    match run_output(&mut cmd) {
+        Ok(out) => Ok(first_tar_entry(&out.stdout)),
+        Err(DockerError::Failed { stderr, .. })
+            if stderr.contains("No such container:path")
+                || stderr.contains("Could not find the file") =>
+        {
+            Ok(None)
         }
-        return Err(DockerError::Failed {
-            command,
-            status: out.status.to_string(),
-            stderr: stderr.trim().to_string(),
-        });
+        Err(e) => Err(e),
     }
-    Ok(first_tar_entry(&out.stdout))
 }
 
 /// The content of the first regular file in a tar stream.
