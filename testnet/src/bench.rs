@@ -55,38 +55,31 @@ struct Row {
     rounds: u64,
 }
 
-/// Mean seconds per step after the warm-up, from one node's metrics.
-pub fn mean_step_seconds(metrics: &Path) -> anyhow::Result<f64> {
+/// Mean seconds per step after the warm-up, and the push-sum rounds started
+/// by the last step, from one node's metrics.
+pub fn step_seconds_and_rounds(metrics: &Path) -> anyhow::Result<(f64, u64)> {
     let text = std::fs::read_to_string(metrics)
         .with_context(|| format!("reading {}", metrics.display()))?;
     let mut times = Vec::new();
+    let mut rounds = 0;
     for (i, line) in text.lines().enumerate() {
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("{} line {}: not JSON", metrics.display(), i + 1))?;
         if let (Some(step), Some(time)) = (v["step"].as_u64(), v["time"].as_f64()) {
             times.push((step, time));
         }
+        rounds = v["gossip_rounds"].as_u64().unwrap_or(0);
     }
     let start = times.iter().find(|(s, _)| *s + 1 == WARMUP_STEPS);
     let end = times.last();
     match (start, end) {
-        (Some(&(s0, t0)), Some(&(s1, t1))) if s1 > s0 => Ok((t1 - t0) / (s1 - s0) as f64),
+        (Some(&(s0, t0)), Some(&(s1, t1))) if s1 > s0 => Ok(((t1 - t0) / (s1 - s0) as f64, rounds)),
         _ => bail!(
             "{}: fewer than {} steps recorded",
             metrics.display(),
             WARMUP_STEPS + 1
         ),
     }
-}
-
-/// The push-sum rounds started by the last step in a node's metrics.
-fn last_gossip_rounds(metrics: &Path) -> anyhow::Result<u64> {
-    let text = std::fs::read_to_string(metrics)
-        .with_context(|| format!("reading {}", metrics.display()))?;
-    let last = text.lines().last().unwrap_or("{}");
-    let v: serde_json::Value = serde_json::from_str(last)
-        .with_context(|| format!("{}: last line is not JSON", metrics.display()))?;
-    Ok(v["gossip_rounds"].as_u64().unwrap_or(0))
 }
 
 fn options(
@@ -151,15 +144,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             quiet: true,
         };
         launch(&local).with_context(|| format!("the {label} run"))?;
-        let mut per_node = Vec::new();
-        for i in 0..args.nodes {
-            per_node.push(mean_step_seconds(
-                &run_dir.join(format!("node-{i}")).join("metrics.jsonl"),
-            )?);
-        }
-        let rounds = last_gossip_rounds(&run_dir.join("node-0").join("metrics.jsonl"))?;
+        let figures = (0..args.nodes)
+            .map(|i| {
+                step_seconds_and_rounds(&run_dir.join(format!("node-{i}")).join("metrics.jsonl"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let per_node: Vec<f64> = figures.iter().map(|f| f.0).collect();
         rows.push(Row {
-            rounds,
+            rounds: figures[0].1,
             label,
             step: per_node.iter().sum::<f64>() / per_node.len() as f64,
             slowest: per_node.iter().copied().fold(0.0, f64::max),
@@ -204,14 +196,18 @@ mod tests {
         let mut t = 0.0;
         for step in 0..30u64 {
             t += if step < WARMUP_STEPS { 0.5 } else { 0.01 };
-            lines.push(format!(r#"{{"step":{step},"time":{t},"loss":1.0}}"#));
+            let rounds = step + 1;
+            lines.push(format!(
+                r#"{{"step":{step},"time":{t},"loss":1.0,"gossip_rounds":{rounds}}}"#
+            ));
         }
         std::fs::write(&path, lines.join("\n")).unwrap();
-        let s = mean_step_seconds(&path).unwrap();
+        let (s, rounds) = step_seconds_and_rounds(&path).unwrap();
         assert!((s - 0.01).abs() < 1e-9, "{s}");
+        assert_eq!(rounds, 30);
 
         std::fs::write(&path, lines[..5].join("\n")).unwrap();
-        let err = mean_step_seconds(&path).unwrap_err().to_string();
+        let err = step_seconds_and_rounds(&path).unwrap_err().to_string();
         assert!(err.contains("fewer than"), "{err}");
     }
 }

@@ -129,8 +129,7 @@ impl Drop for Nodes {
 
 fn last_step(metrics: &Path) -> Option<(u64, f32)> {
     let text = std::fs::read_to_string(metrics).ok()?;
-    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let v = crate::results::last_metrics(&text)?;
     Some((v["step"].as_u64()? + 1, v["loss"].as_f64()? as f32))
 }
 
