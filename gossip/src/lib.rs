@@ -144,6 +144,39 @@ pub fn exact_average(
     Ok(())
 }
 
+/// Segment `i` of `n` elements cut into `m` near-equal contiguous parts: the
+/// unit of the exact average's summation order (see [`sum_in_ring_order`]).
+pub fn segment(n: usize, m: usize, i: usize) -> std::ops::Range<usize> {
+    let at = |k: usize| ((k as u128 * n as u128) / m as u128) as usize;
+    at(i)..at(i + 1)
+}
+
+/// The one summation order of every sum over ranks (docs/algorithm.md,
+/// "Summation order"): segment `j` of the buffer is summed starting with rank
+/// `j`'s values, then rank `j + 1`, ..., `j + m - 1` (mod m), which is the
+/// order in which a ring reduce-scatter adds them. `contributions[r]` is rank
+/// r's buffer; `out` receives segment `j` of the sum.
+pub fn sum_segment_in_ring_order(contributions: &[&[f32]], j: usize, out: &mut [f32]) {
+    let m = contributions.len();
+    let n = contributions.first().map_or(0, |c| c.len());
+    let seg = segment(n, m, j);
+    out.copy_from_slice(&contributions[j][seg.clone()]);
+    for k in 1..m {
+        let next = &contributions[(j + k) % m][seg.clone()];
+        for (a, b) in out.iter_mut().zip(next) {
+            *a += *b;
+        }
+    }
+}
+
+/// The scalar of an all-reduce summed in rank order `((s_0 + s_1) + s_2) ...`,
+/// as the ring carries it on segment 0.
+pub fn sum_scalars_in_rank_order(scalars: impl IntoIterator<Item = f64>) -> f64 {
+    let mut it = scalars.into_iter();
+    let first = it.next().unwrap_or(0.0);
+    it.fold(first, |t, s| t + s)
+}
+
 /// Uniform push-sum share kept and sent for a node with `out_degree` out-peers.
 pub fn push_sum_share(out_degree: usize) -> f64 {
     1.0 / (out_degree as f64 + 1.0)

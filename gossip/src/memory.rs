@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::{CommError, CommStats, Communicator, PushSumRound, Rank, push_sum_share};
+use crate::{
+    CommError, CommStats, Communicator, PushSumRound, Rank, push_sum_share, segment,
+    sum_scalars_in_rank_order, sum_segment_in_ring_order,
+};
 
 /// Bytes a push-sum message would take on the wire: payload plus weight.
 fn message_bytes(len: usize) -> u64 {
@@ -32,11 +35,6 @@ struct Reduce {
     arrived: usize,
     slots: Vec<Option<Contribution>>,
     result: Option<Arc<Vec<Contribution>>>,
-}
-
-/// The slice of a `len`-long buffer that `rank` of `size` sums.
-fn slice_of(len: usize, size: usize, rank: Rank) -> std::ops::Range<usize> {
-    len * rank / size..len * (rank + 1) / size
 }
 
 struct Shared {
@@ -297,8 +295,10 @@ impl Communicator for MemoryComm {
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
         let size = self.shared.size;
         // Phase 1: everyone's contribution; phase 2: each rank sums its own
-        // slice of the result over all contributions (in rank order, so the
-        // bits do not depend on scheduling), and the slices are gathered.
+        // segment of the result over all contributions in the ring order (the
+        // order of the network's reduce-scatter, so the bits are the same as
+        // over the network and do not depend on scheduling), and the segments
+        // are gathered.
         let inputs = self.gather(buf.to_vec(), *scalar, "all-reduce")?;
         // Every rank sees every length, so a mismatch fails them all alike.
         if let Some((v, _)) = inputs.iter().find(|(v, _)| v.len() != buf.len()) {
@@ -307,19 +307,16 @@ impl Communicator for MemoryComm {
                 got: v.len(),
             });
         }
-        let mine = slice_of(buf.len(), size, self.rank);
-        let mut part = vec![0f32; mine.len()];
-        for (v, _) in inputs.iter() {
-            for (a, b) in part.iter_mut().zip(&v[mine.clone()]) {
-                *a += *b;
-            }
-        }
-        let total = inputs.iter().fold(0f64, |t, (_, s)| t + s);
+        let len = buf.len();
+        let mut part = vec![0f32; segment(len, size, self.rank).len()];
+        let views: Vec<&[f32]> = inputs.iter().map(|(v, _)| v.as_slice()).collect();
+        sum_segment_in_ring_order(&views, self.rank, &mut part);
+        let total = sum_scalars_in_rank_order(inputs.iter().map(|(_, s)| *s));
+        drop(views);
         drop(inputs);
         let parts = self.gather(part, total, "all-reduce")?;
-        let len = buf.len();
         for (rank, (part, _)) in parts.iter().enumerate() {
-            buf[slice_of(len, size, rank)].copy_from_slice(part);
+            buf[segment(len, size, rank)].copy_from_slice(part);
         }
         *scalar = total;
         // What a bandwidth-optimal ring all-reduce would move.

@@ -24,13 +24,7 @@ use super::links::Outgoing;
 use super::payload::{add_bytes, copy_bytes, encode_f32};
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{DType, Header, Kind, Reject, WIRE_VERSION, encode_header};
-use crate::{CommError, Rank};
-
-/// Segment `i` of `n` elements cut into `m` near-equal parts.
-pub(crate) fn segment(n: usize, m: usize, i: usize) -> Range<usize> {
-    let at = |k: usize| ((k as u128 * n as u128) / m as u128) as usize;
-    at(i)..at(i + 1)
-}
+use crate::{CommError, Rank, segment};
 
 /// Chunks of a segment; an empty segment is one empty chunk (it still
 /// carries the scalar and keeps the steps in lockstep).
