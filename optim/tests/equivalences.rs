@@ -1,15 +1,14 @@
-//! The outer loop end to end: `Optimizer` + `SlowMo` (+ `PushSum`) composed as
-//! the training loop composes them, on a small least-squares problem with m
-//! workers simulated by plain loops, checked against direct implementations of
-//! the special cases in ALGORITHMS.md (Local SGD, heavy-ball SGD, BMUF,
-//! Lookahead, the noaverage variant over push-sum gossip).
-//!
-//! Per outer iteration: apply the buffer policy; tau base steps per worker;
-//! exact average (unless noaverage); outer step with gamma = lr at the barrier step.
+//! The outer loop end to end: the real state machine ([`OuterLoop`], the one
+//! the training loop runs) on a small least-squares problem with m workers in
+//! m threads, checked against direct implementations of the special cases in
+//! docs/algorithm.md (Local SGD, heavy-ball SGD, BMUF, Lookahead, the
+//! noaverage variant over push-sum gossip, plain SGP).
+
+use std::sync::{Barrier, Mutex};
 
 use slowmo_optim::{
-    BufferPolicy, Optimizer, OptimizerConfig, OptimizerKind, PushSum, Rng, Schedule, SlowMo,
-    SlowMoConfig,
+    Algorithm, Base, BufferPolicy, Exchange, Optimizer, OptimizerConfig, OptimizerKind, OuterLoop,
+    PushSum, Rng, Schedule, SlowMoConfig,
 };
 
 const D: usize = 6;
@@ -126,47 +125,160 @@ fn outer(tau: u64, alpha: f32, beta: f32) -> SlowMoConfig {
     }
 }
 
-fn apply_policy(policy: BufferPolicy, opts: &mut [Optimizer]) {
-    match policy {
-        BufferPolicy::Maintain => {}
-        BufferPolicy::Reset => opts.iter_mut().for_each(Optimizer::reset),
-        BufferPolicy::Average => {
-            for b in 0..opts[0].state_buffers().len() {
-                let bufs: Vec<Vec<f32>> =
-                    opts.iter().map(|o| o.state_buffers()[b].to_vec()).collect();
-                let avg = mean(&bufs);
-                for o in opts.iter_mut() {
-                    o.state_buffers_mut()[b].copy_from_slice(&avg);
-                }
-            }
-        }
+/// The exchange of m workers that run in m threads and meet at a barrier:
+/// every collective deposits each worker's values on a shared board, waits
+/// for all, and computes the result from the board in rank order.
+struct Board {
+    barrier: Barrier,
+    slots: Mutex<Vec<Option<Slot>>>,
+}
+
+/// A worker's deposit: a vector, a scalar and (for gossip) its out-peers.
+type Slot = (Vec<f32>, f64, Vec<usize>);
+
+struct Lockstep<'a> {
+    rank: usize,
+    board: &'a Board,
+    graph: Graph,
+}
+
+/// Out-peers of worker `i` of `m` in gossip round `round`.
+type Graph = fn(usize, usize, u64) -> Vec<usize>;
+
+impl Lockstep<'_> {
+    fn all(&self, mine: Slot) -> Vec<Slot> {
+        self.board.slots.lock().unwrap()[self.rank] = Some(mine);
+        self.board.barrier.wait();
+        let all = self
+            .board
+            .slots
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.clone().unwrap())
+            .collect();
+        // Nobody deposits the next collective before everyone read this one.
+        self.board.barrier.wait();
+        all
     }
 }
 
-/// The loop with an exact average and no gossip (Local SGD base); returns x_{t,0}, t = 0..=T.
-fn compose_averaged(p: &Problem, run: &Run) -> Vec<Vec<f32>> {
-    let (m, tau) = (p.m(), run.slowmo.tau);
-    let mut x = p.x0();
-    let mut slow = SlowMo::try_new(run.slowmo.clone(), &x).unwrap();
-    let mut opts: Vec<Optimizer> = (0..m)
-        .map(|_| Optimizer::new(&run.opt, D).unwrap())
-        .collect();
-    let mut traj = vec![x.clone()];
-    for t in 0..run.outer_iters {
-        apply_policy(run.slowmo.buffer_policy, &mut opts);
-        let mut xs = vec![x.clone(); m];
-        for k in 0..tau {
-            let s = t * tau + k;
-            for (i, (xi, opt)) in xs.iter_mut().zip(opts.iter_mut()).enumerate() {
-                let g = p.grad(i, xi, s);
-                opt.step(xi, &g, run.lr(s));
+impl Exchange for Lockstep<'_> {
+    type Error = std::convert::Infallible;
+
+    fn average_gradient(&mut self, grad: &mut [f32], loss: &mut f32) -> Result<(), Self::Error> {
+        let all = self.all((grad.to_vec(), f64::from(*loss), Vec::new()));
+        let grads: Vec<Vec<f32>> = all.iter().map(|s| s.0.clone()).collect();
+        grad.copy_from_slice(&mean(&grads));
+        *loss = (all.iter().map(|s| s.1).sum::<f64>() / all.len() as f64) as f32;
+        Ok(())
+    }
+
+    fn push_sum_round(&mut self, round: u64, _: u64, s: &mut PushSum) -> Result<(), Self::Error> {
+        let m = self.board.slots.lock().unwrap().len();
+        let outs = (self.graph)(m, self.rank, round);
+        s.scale(1.0 / (outs.len() + 1) as f64);
+        for (x, w, outs) in self.all((s.x.clone(), s.w, outs)) {
+            if outs.contains(&self.rank) {
+                s.add_share(&x, w).unwrap();
             }
         }
-        x = mean(&xs);
-        slow.outer_step(&mut x, run.gamma(t));
-        traj.push(x.clone());
+        Ok(())
     }
-    traj
+
+    fn round_arrived(&mut self, _: u64) -> Result<bool, Self::Error> {
+        Ok(true)
+    }
+
+    fn max_rounds(&mut self, rounds: u64) -> Result<u64, Self::Error> {
+        let all = self.all((Vec::new(), rounds as f64, Vec::new()));
+        Ok(all.iter().map(|s| s.1 as u64).max().unwrap())
+    }
+
+    fn drain(&mut self, _: &mut PushSum) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn exact_average(&mut self, s: &mut PushSum) -> Result<(), Self::Error> {
+        let all = self.all((s.x.clone(), s.w, Vec::new()));
+        let total_w: f64 = all.iter().map(|s| s.1).sum();
+        let avg: Vec<f32> = (0..s.len())
+            .map(|k| (all.iter().map(|s| s.0[k] as f64).sum::<f64>() / total_w) as f32)
+            .collect();
+        s.set_average(&avg);
+        Ok(())
+    }
+
+    fn average_buffers(&mut self, buffers: Vec<&mut [f32]>) -> Result<(), Self::Error> {
+        for buf in buffers {
+            let all = self.all((buf.to_vec(), 0.0, Vec::new()));
+            let bufs: Vec<Vec<f32>> = all.into_iter().map(|s| s.0).collect();
+            buf.copy_from_slice(&mean(&bufs));
+        }
+        Ok(())
+    }
+}
+
+/// What one worker's machine went through: `z` after every outer boundary
+/// (starting with x0), and the machine at the end.
+struct Worker {
+    traj: Vec<Vec<f32>>,
+    machine: OuterLoop,
+}
+
+/// Runs the real outer-loop state machine on every worker of `p`, one thread
+/// each, gossiping over `graph` when the base uses push-sum.
+fn run_machines(p: &Problem, run: &Run, base: Base, graph: Graph) -> Vec<Worker> {
+    let m = p.m();
+    let alg = Algorithm {
+        base,
+        slowmo: run.slowmo.clone(),
+        staleness: 0,
+        background_gossip: false,
+    };
+    let board = Board {
+        barrier: Barrier::new(m),
+        slots: Mutex::new(vec![None; m]),
+    };
+    let steps = run.slowmo.tau * run.outer_iters;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..m)
+            .map(|rank| {
+                let (alg, board) = (alg.clone(), &board);
+                scope.spawn(move || {
+                    let mut net = Lockstep { rank, board, graph };
+                    let mut machine = OuterLoop::new(alg, &run.opt, p.x0()).unwrap();
+                    let mut traj = vec![p.x0()];
+                    for s in 0..steps {
+                        let mut g = p.grad(rank, machine.params(), s);
+                        let report = machine.step(&mut net, &mut g, &mut 0.0, run.lr(s)).unwrap();
+                        if report.outer_boundary {
+                            traj.push(machine.params().to_vec());
+                        }
+                    }
+                    Worker { traj, machine }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn no_gossip(_: usize, _: usize, _: u64) -> Vec<usize> {
+    Vec::new()
+}
+
+/// The loop with an exact average and no gossip (Local SGD base), run by the
+/// state machine; returns x_{t,0}, t = 0..=T (the same on every worker).
+fn compose_averaged(p: &Problem, run: &Run) -> Vec<Vec<f32>> {
+    let workers = run_machines(p, run, Base::LocalSgd, no_gossip);
+    for w in &workers[1..] {
+        assert_eq!(
+            w.traj, workers[0].traj,
+            "the exact average is the same everywhere"
+        );
+    }
+    workers.into_iter().next().unwrap().traj
 }
 
 #[test]
@@ -321,19 +433,20 @@ fn lookahead_single_worker() {
     }
 }
 
-/// One push-sum round on an irregular, time-varying graph: worker i sends to
+/// Out-peers on an irregular, time-varying graph: worker i sends to
 /// i + 1 + (round mod (m - 1)); worker 0 also sends to 2, so weights drift from 1.
+fn irregular(m: usize, i: usize, round: u64) -> Vec<usize> {
+    let mut o = vec![(i + 1 + (round as usize % (m - 1))) % m];
+    if i == 0 && !o.contains(&2) {
+        o.push(2);
+    }
+    o
+}
+
+/// One push-sum round over [`irregular`], written out over all workers.
 fn gossip(ps: &mut [PushSum], round: u64) {
     let m = ps.len();
-    let outs: Vec<Vec<usize>> = (0..m)
-        .map(|i| {
-            let mut o = vec![(i + 1 + (round as usize % (m - 1))) % m];
-            if i == 0 && !o.contains(&2) {
-                o.push(2);
-            }
-            o
-        })
-        .collect();
+    let outs: Vec<Vec<usize>> = (0..m).map(|i| irregular(m, i, round)).collect();
     for (p, out) in ps.iter_mut().zip(&outs) {
         p.scale(1.0 / (out.len() + 1) as f64);
     }
@@ -345,14 +458,21 @@ fn gossip(ps: &mut [PushSum], round: u64) {
     }
 }
 
-/// Base steps of SGP for outer iteration t: gradient at z = x / w, step on x, gossip.
+/// Base steps of SGP for outer iteration t, written out: gradient at
+/// z = x / w, base step on z, x = w * z (a step on x itself while w = 1), gossip.
 fn sgp_block(p: &Problem, run: &Run, t: u64, ps: &mut [PushSum], opts: &mut [Optimizer]) {
     let tau = run.slowmo.tau;
     for k in 0..tau {
         let s = t * tau + k;
         for (i, (w, opt)) in ps.iter_mut().zip(opts.iter_mut()).enumerate() {
-            let g = p.grad(i, &w.debiased(), s);
-            opt.step(&mut w.x, &g, run.lr(s));
+            let mut z = w.debiased();
+            let g = p.grad(i, &z, s);
+            if w.w == 1.0 {
+                opt.step(&mut w.x, &g, run.lr(s));
+            } else {
+                opt.step(&mut z, &g, run.lr(s));
+                w.set_debiased(&z);
+            }
         }
         gossip(ps, s);
     }
@@ -374,28 +494,16 @@ fn noaverage_each_worker_owns_anchor_and_momentum() {
             outer_iters: 6,
         };
         let (alpha, beta) = (0.9f32 as f64, 0.5f64);
-        let new_opts = || -> Vec<Optimizer> {
-            (0..4)
-                .map(|_| Optimizer::new(&run.opt, D).unwrap())
-                .collect()
-        };
-        // composed
-        let mut ps: Vec<PushSum> = (0..4).map(|_| PushSum::new(p.x0())).collect();
-        let mut opts = new_opts();
-        let mut slows: Vec<SlowMo> = (0..4)
-            .map(|_| SlowMo::new(run.slowmo.clone(), &p.x0()))
-            .collect();
+        let workers = run_machines(&p, &run, Base::Sgp, irregular);
         // direct
-        let mut dps = ps.clone();
-        let mut dopts = new_opts();
+        let mut dps: Vec<PushSum> = (0..4).map(|_| PushSum::new(p.x0())).collect();
+        let mut dopts: Vec<Optimizer> = (0..4)
+            .map(|_| Optimizer::new(&run.opt, D).unwrap())
+            .collect();
         let mut anchors: Vec<Vec<f64>> = vec![to64(&p.x0()); 4];
         let mut us = vec![vec![0.0f64; D]; 4];
         for t in 0..run.outer_iters {
             let gamma = run.gamma(t);
-            sgp_block(&p, &run, t, &mut ps, &mut opts);
-            for (w, slow) in ps.iter_mut().zip(slows.iter_mut()) {
-                slow.outer_step_push_sum(w, gamma);
-            }
             sgp_block(&p, &run, t, &mut dps, &mut dopts);
             for i in 0..4 {
                 let z = dps[i].debiased();
@@ -411,29 +519,33 @@ fn noaverage_each_worker_owns_anchor_and_momentum() {
                     znew[k] = anchors[i][k] - alpha * gamma as f64 * dir;
                 }
                 assert_close(
-                    &ps[i].debiased(),
+                    &workers[i].traj[t as usize + 1],
                     &znew,
                     1e-5,
                     &format!("worker {i} outer {t}"),
                 );
-                assert_close(slows[i].momentum(), &us[i], 1e-5, "u");
                 let z32: Vec<f32> = znew.iter().map(|&v| v as f32).collect();
                 dps[i].set_debiased(&z32);
                 anchors[i] = to64(&z32);
             }
-            let wsum: f64 = ps.iter().map(|w| w.w).sum();
-            assert!(
-                (wsum - 4.0).abs() < 1e-12,
-                "push-sum weight is conserved: {wsum}"
-            );
         }
+        for (i, w) in workers.iter().enumerate() {
+            assert_close(w.machine.slowmo().momentum(), &us[i], 1e-5, "u");
+        }
+        let wsum: f64 = workers.iter().map(|w| w.machine.weight()).sum();
         assert!(
-            ps.iter().any(|w| (w.w - 1.0).abs() > 1e-3),
+            (wsum - 4.0).abs() < 1e-12,
+            "push-sum weight is conserved: {wsum}"
+        );
+        assert!(
+            workers
+                .iter()
+                .any(|w| (w.machine.weight() - 1.0).abs() > 1e-3),
             "weights must drift from 1"
         );
         assert_ne!(
-            slows[0].anchor(),
-            slows[1].anchor(),
+            workers[0].machine.slowmo().anchor(),
+            workers[1].machine.slowmo().anchor(),
             "workers keep their own anchors"
         );
     }
@@ -452,22 +564,20 @@ fn plain_sgp_outer_step_leaves_push_sum_untouched() {
         base_lr: 0.05,
         outer_iters: 5,
     };
-    let mut ps: Vec<PushSum> = (0..4).map(|_| PushSum::new(p.x0())).collect();
-    let mut opts: Vec<Optimizer> = (0..4)
+    let workers = run_machines(&p, &run, Base::Sgp, irregular);
+    let mut plain: Vec<PushSum> = (0..4).map(|_| PushSum::new(p.x0())).collect();
+    let mut popts: Vec<Optimizer> = (0..4)
         .map(|_| Optimizer::new(&run.opt, D).unwrap())
         .collect();
-    let mut slows: Vec<SlowMo> = (0..4)
-        .map(|_| SlowMo::new(run.slowmo.clone(), &p.x0()))
-        .collect();
-    let mut plain = ps.clone();
-    let mut popts = opts.clone();
     for t in 0..run.outer_iters {
-        sgp_block(&p, &run, t, &mut ps, &mut opts);
-        for (w, slow) in ps.iter_mut().zip(slows.iter_mut()) {
-            slow.outer_step_push_sum(w, run.gamma(t));
-            assert_eq!(slow.anchor(), &w.debiased()[..]);
-        }
         sgp_block(&p, &run, t, &mut plain, &mut popts);
-        assert_eq!(ps, plain, "outer {t}");
+    }
+    for (i, w) in workers.iter().enumerate() {
+        assert_eq!(w.machine.push_sum(), &plain[i], "worker {i}");
+        assert_eq!(w.machine.slowmo().anchor(), &plain[i].debiased()[..]);
+        assert_eq!(
+            w.machine.optimizer().state_buffers(),
+            popts[i].state_buffers()
+        );
     }
 }
