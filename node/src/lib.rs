@@ -4,6 +4,7 @@ pub mod bench_cmd;
 pub mod bench_sim;
 pub mod config;
 pub mod data;
+pub mod exchange;
 pub mod metrics;
 pub mod model;
 pub mod node_cmd;

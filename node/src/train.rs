@@ -1,21 +1,25 @@
 //! The training loop of one worker, written once against [`Communicator`].
 //!
 //! ```text
-//! batch -> forward/backward at z = x / w -> base step on x
-//!       -> push-sum exchange (sgp, osgp) | gradient all-reduce (ar-sgd)
-//!       -> every tau steps: drain, exact average (unless noaverage), slow-momentum step
+//! batch -> forward/backward at z = x / w -> OuterLoop::step: base step,
+//!          exchange, and every tau steps the outer boundary -> metrics
 //! ```
-//! The simulator runs this function in one thread per worker over the
-//! in-memory communicator; `slowmo node` runs it over libp2p. Both give the
-//! same parameters for the same configuration and seed.
+//! The algorithm's state and the order of its events live in the outer-loop
+//! state machine ([`OuterLoop`], in `optim`); this loop only feeds it batches
+//! and gradients and observes it. The simulator runs this function in one
+//! thread per worker over the in-memory communicator; `slowmo node` runs it
+//! over libp2p. Both give the same bits for the same configuration and seed
+//! (docs/algorithm.md, "Summation order").
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use slowmo_gossip::{CommError, CommStats, Communicator, PushSumRound, exact_average};
-use slowmo_optim::{Base, BufferPolicy, Optimizer, PushSum, SlowMo};
+use slowmo_gossip::{CommError, CommStats, Communicator};
+use slowmo_optim::OuterLoop;
 use slowmo_topologies::Topology;
+
+use crate::exchange::{CommExchange, l2_distance, sum_over_workers};
 
 use crate::config::RunConfig;
 use crate::data::{Batcher, Dataset, Split};
@@ -25,6 +29,8 @@ use crate::model::{Model, ModelError};
 pub const EVAL_SAMPLES: usize = 2000;
 /// Steps whose mini-batch losses make up the reported train loss.
 pub const LOSS_WINDOW: usize = 50;
+/// Test samples per forward pass of an evaluation.
+const EVAL_BATCH: usize = 500;
 
 /// Errors of a training run.
 #[derive(Debug, thiserror::Error)]
@@ -109,26 +115,6 @@ pub struct WorkerOutcome {
     pub wall_seconds: f64,
 }
 
-/// Sums small statistics over workers.
-fn sum_over_workers(comm: &mut dyn Communicator, values: &[f64]) -> Result<Vec<f64>, CommError> {
-    // f32 transport, f64 scalar: enough for means of losses and accuracies.
-    let mut buf: Vec<f32> = values.iter().map(|v| *v as f32).collect();
-    let mut extra = 0.0;
-    comm.all_reduce_sum(&mut buf, &mut extra)?;
-    Ok(buf.into_iter().map(f64::from).collect())
-}
-
-fn l2_distance(a: &[f32], b: &[f32]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            let d = f64::from(*x - *y);
-            d * d
-        })
-        .sum::<f64>()
-        .sqrt()
-}
-
 fn mean_std(sum: f64, sum_sq: f64, n: f64) -> (f64, f64) {
     let mean = sum / n;
     (mean, (sum_sq / n - mean * mean).max(0.0).sqrt())
@@ -154,7 +140,6 @@ struct Snapshot {
 
 /// Collective evaluation: every worker evaluates its own de-biased parameters,
 /// then all agree on the mean, spread and consensus distance.
-#[allow(clippy::too_many_arguments)] // one call site per evaluation kind; a struct would only rename them
 fn snapshot(
     comm: &mut dyn Communicator,
     model: &mut Model,
@@ -162,11 +147,10 @@ fn snapshot(
     w: f64,
     test: &Split,
     sample_len: usize,
-    batch: usize,
     train_loss: f32,
 ) -> Result<(Snapshot, f32), TrainError> {
     let m = comm.world_size() as f64;
-    let own = model.evaluate(z, test, sample_len, batch)?;
+    let own = model.evaluate(z, test, sample_len, EVAL_BATCH)?;
     let mut z_bar = z.to_vec();
     let mut count = 1.0;
     comm.all_reduce_sum(&mut z_bar, &mut count)?;
@@ -199,64 +183,28 @@ fn snapshot(
     ))
 }
 
-/// One push-sum round with this round's peers.
-fn gossip(
-    comm: &mut dyn Communicator,
-    topology: &dyn Topology,
-    round: u64,
-    staleness: u64,
-    state: &mut PushSum,
-) -> Result<(), CommError> {
-    let rank = comm.rank();
-    let out_peers = topology.out_peers(rank, round);
-    let in_peers = topology.in_peers(rank, round);
-    comm.push_sum(
-        &PushSumRound {
-            round,
-            out_peers: &out_peers,
-            in_peers: &in_peers,
-            staleness,
-        },
-        &mut state.x,
-        &mut state.w,
-    )
+/// The mean of the last [`LOSS_WINDOW`] mini-batch losses.
+#[derive(Default)]
+struct LossWindow(std::collections::VecDeque<f32>);
+
+impl LossWindow {
+    fn push(&mut self, loss: f32) {
+        if self.0.len() == LOSS_WINDOW {
+            self.0.pop_front();
+        }
+        self.0.push_back(loss);
+    }
+
+    fn mean(&self) -> f32 {
+        if self.0.is_empty() {
+            return f32::NAN;
+        }
+        self.0.iter().sum::<f32>() / self.0.len() as f32
+    }
 }
 
-/// Background gossip: brings every worker to the same number of started
-/// rounds (the largest), so that a drain afterwards waits for exactly the
-/// shares that were sent. Round counts travel as two exact 24-bit halves.
-fn catch_up(
-    comm: &mut dyn Communicator,
-    topology: &dyn Topology,
-    rounds: &mut u64,
-    state: &mut PushSum,
-) -> Result<(), CommError> {
-    const HALF: u64 = 1 << 24;
-    if *rounds >= HALF * HALF {
-        return Err(CommError::Other(format!(
-            "{rounds} gossip rounds: more than this loop can count"
-        )));
-    }
-    let m = comm.world_size();
-    let rank = comm.rank();
-    let mut counts = vec![0f32; 2 * m];
-    counts[2 * rank] = (*rounds / HALF) as f32;
-    counts[2 * rank + 1] = (*rounds % HALF) as f32;
-    let mut unused = 0.0;
-    comm.all_reduce_sum(&mut counts, &mut unused)?;
-    let target = counts
-        .chunks_exact(2)
-        .map(|c| c[0] as u64 * HALF + c[1] as u64)
-        .max()
-        .unwrap_or(0);
-    while *rounds < target {
-        gossip(comm, topology, *rounds, 1, state)?;
-        *rounds += 1;
-    }
-    Ok(())
-}
-
-/// Runs one worker to the end. `on_step` sees every step's record.
+/// Runs one worker to the end: SlowMo's Algorithm 1 (docs/algorithm.md, "The
+/// loop"). `on_step` sees every step's record.
 pub fn run_worker(
     setup: WorkerSetup,
     comm: &mut dyn Communicator,
@@ -272,41 +220,26 @@ pub fn run_worker(
         stop,
     } = setup;
     let rank = comm.rank();
-    let m = comm.world_size();
-    let alg = &config.algorithm;
-    let tau = alg.slowmo.tau;
     let sample_len = dataset.sample_len();
-    let push_sum = alg.base.uses_push_sum();
-    let background = push_sum && alg.background_gossip;
-    // Push-sum rounds started so far: one per step unless gossip runs in
-    // the background.
-    let mut rounds = 0u64;
-
-    // x_{0,0}: the same on every worker; the anchor is captured before any step.
+    let push_sum = config.uses_push_sum();
+    // x_{0,0} is the same on every worker; the machine captures the anchor
+    // before any step.
     let x0 = model.init_params(config.seed);
-    let n = x0.len();
-    let mut slowmo = SlowMo::new(alg.slowmo.clone(), &x0);
-    let mut state = PushSum::new(x0);
-    let mut opt = Optimizer::new(&config.optimizer, n)
+    let mut grad = vec![0f32; x0.len()];
+    let mut outer = OuterLoop::new(config.algorithm.clone(), &config.optimizer, x0)
         .map_err(|e| TrainError::Comm(CommError::Other(e.to_string())))?;
+    let mut net = CommExchange::new(comm, &*topology, push_sum);
     let mut batcher = Batcher::new(shard, config.seed ^ ((rank as u64 + 1) << 32));
-    let mut z = vec![0f32; n];
-    let mut grad = vec![0f32; n];
-    let mut images = Vec::new();
-    let mut labels = Vec::new();
-    let mut losses: std::collections::VecDeque<f32> = Default::default();
+    let (mut images, mut labels) = (Vec::new(), Vec::new());
+    let mut losses = LossWindow::default();
     let eval_split = head(&dataset.test, sample_len, EVAL_SAMPLES);
-    let eval_batch = 500;
 
-    let mut steps_done = 0;
     for step in 0..config.steps {
-        if let Some(flag) = &stop
-            && flag.load(std::sync::atomic::Ordering::Relaxed)
+        if stop
+            .as_ref()
+            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
         {
             return Err(TrainError::Interrupted { step });
-        }
-        if step > 0 && step.is_multiple_of(tau) && alg.slowmo.buffer_policy == BufferPolicy::Reset {
-            opt.reset();
         }
         let lr = config.schedule.lr(config.lr, step, config.steps);
         batcher.next_batch(
@@ -316,39 +249,12 @@ pub fn run_worker(
             &mut images,
             &mut labels,
         );
-        // z = x / w; without push-sum (w stays 1) that is x itself, uncopied.
-        let params: &[f32] = if state.w == 1.0 {
-            &state.x
-        } else {
-            state.debiased_into(&mut z);
-            &z
-        };
-        let mut loss = model.loss_and_grad(params, &images, &labels, &mut grad)?;
+        let mut loss = model.loss_and_grad(outer.params(), &images, &labels, &mut grad)?;
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step, loss });
         }
-        if alg.base == Base::ArSgd && m > 1 {
-            let mut loss_sum = f64::from(loss);
-            comm.all_reduce_sum(&mut grad, &mut loss_sum)?;
-            let inv = 1.0 / m as f32;
-            grad.iter_mut().for_each(|g| *g *= inv);
-            loss = (loss_sum / m as f64) as f32;
-        }
-        // With background gossip a round stays in flight for many steps, and
-        // meanwhile w is below 1: a step of lr on the numerator would move
-        // z = x / w by lr / w. Scaling it by w keeps z's step at lr.
-        let step_lr = if background { lr * state.w as f32 } else { lr };
-        opt.step(&mut state.x, &grad, step_lr);
-        if push_sum {
-            if !background {
-                gossip(comm, &*topology, step, alg.staleness, &mut state)?;
-                rounds = step + 1;
-            } else if rounds == 0 || comm.shares_arrived(rounds - 1)? {
-                // Round `rounds - 1` is complete: mix it in, start the next.
-                gossip(comm, &*topology, rounds, 1, &mut state)?;
-                rounds += 1;
-            }
-        }
+        let report = outer.step(&mut net, &mut grad, &mut loss, lr)?;
+        losses.push(loss);
 
         let mut record = StepRecord {
             step,
@@ -357,74 +263,38 @@ pub fn run_worker(
             lr,
             bytes_sent: 0,
             bytes_received: 0,
-            weight: state.w,
-            gossip_rounds: rounds,
+            weight: outer.weight(),
+            gossip_rounds: outer.rounds(),
             consensus_distance: None,
             weight_spread: None,
             test_accuracy: None,
             train_loss: None,
         };
-        if losses.len() == LOSS_WINDOW {
-            losses.pop_front();
+        if report.outer_boundary {
+            record.consensus_distance = net.take_consensus();
         }
-        losses.push_back(loss);
-
-        if (step + 1).is_multiple_of(tau) {
-            if alg.slowmo.average {
-                let before = push_sum.then(|| {
-                    state.debiased_into(&mut z);
-                    z.clone()
-                });
-                if background {
-                    catch_up(comm, &*topology, &mut rounds, &mut state)?;
-                }
-                // AR-SGD keeps every worker identical: nothing to average.
-                if alg.base != Base::ArSgd {
-                    exact_average(comm, &mut state.x, &mut state.w)?;
-                }
-                if let Some(before) = before {
-                    let d = sum_over_workers(comm, &[l2_distance(&before, &state.x)])?;
-                    record.consensus_distance = Some(d[0] / m as f64);
-                }
-                if alg.slowmo.buffer_policy == BufferPolicy::Average && m > 1 {
-                    let inv = 1.0 / m as f32;
-                    for buf in opt.state_buffers_mut() {
-                        let mut unused = 0.0;
-                        comm.all_reduce_sum(buf, &mut unused)?;
-                        buf.iter_mut().for_each(|v| *v *= inv);
-                    }
-                }
-                slowmo.outer_step(&mut state.x, lr);
-            } else {
-                // noaverage: each worker steps its own de-biased parameters
-                // with its own anchor and momentum.
-                slowmo.outer_step_push_sum(&mut state, lr);
-            }
-        }
-
-        let window_loss = losses.iter().sum::<f32>() / losses.len() as f32;
         if config.eval_every > 0
             && (step + 1).is_multiple_of(config.eval_every)
             && step + 1 < config.steps
         {
-            state.debiased_into(&mut z);
-            if background {
+            let w = outer.weight();
+            let z = outer.params();
+            if config.algorithm.background_gossip {
                 // A collective evaluation would make every node wait for the
                 // slowest, which background gossip exists to avoid: evaluate
                 // this node's own parameters only.
-                let own = model.evaluate(&z, &eval_split, sample_len, eval_batch)?;
+                let own = model.evaluate(z, &eval_split, sample_len, EVAL_BATCH)?;
                 record.test_accuracy = Some(own.accuracy);
-                record.train_loss = Some(window_loss);
+                record.train_loss = Some(losses.mean());
             } else {
                 let (snap, _) = snapshot(
-                    comm,
+                    &mut *net.comm,
                     &mut model,
-                    &z,
-                    state.w,
+                    z,
+                    w,
                     &eval_split,
                     sample_len,
-                    eval_batch,
-                    window_loss,
+                    losses.mean(),
                 )?;
                 record.consensus_distance = Some(snap.consensus_distance);
                 record.weight_spread = Some(snap.weight_spread);
@@ -432,40 +302,30 @@ pub fn run_worker(
                 record.train_loss = Some(snap.train_loss_mean as f32);
             }
         }
-        let stats = comm.stats();
+        let stats = net.comm.stats();
         record.bytes_sent = stats.bytes_sent;
         record.bytes_received = stats.bytes_received;
         on_step(&record);
-        steps_done = step + 1;
     }
 
     // Nothing may stay in flight: add every late share before measuring.
-    if background {
-        catch_up(comm, &*topology, &mut rounds, &mut state)?;
-    }
-    if push_sum {
-        comm.drain(&mut state.x, &mut state.w)?;
-    }
-    state.debiased_into(&mut z);
-    let train_loss = if losses.is_empty() {
-        f32::NAN
-    } else {
-        losses.iter().sum::<f32>() / losses.len() as f32
-    };
+    outer.finish(&mut net)?;
+    let comm = net.comm;
+    let train_loss = losses.mean();
+    let w = outer.weight();
     let (snap, own_accuracy) = snapshot(
         comm,
         &mut model,
-        &z,
-        state.w,
+        outer.params(),
+        w,
         &dataset.test,
         sample_len,
-        eval_batch,
         train_loss,
     )?;
-    let averaged = model.evaluate(&snap.z_bar, &dataset.test, sample_len, eval_batch)?;
+    let averaged = model.evaluate(&snap.z_bar, &dataset.test, sample_len, EVAL_BATCH)?;
     Ok(WorkerOutcome {
         rank,
-        steps: steps_done,
+        steps: outer.steps(),
         train_loss,
         mean_train_loss: snap.train_loss_mean as f32,
         test_accuracy: own_accuracy,
@@ -474,7 +334,7 @@ pub fn run_worker(
         averaged_accuracy: averaged.accuracy,
         averaged_loss: averaged.loss,
         consensus_distance: snap.consensus_distance,
-        weight: state.w,
+        weight: w,
         weight_spread: snap.weight_spread,
         averaged_params: snap.z_bar,
         stats: comm.stats(),

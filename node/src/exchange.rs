@@ -1,0 +1,153 @@
+//! The outer loop's [`Exchange`] over a [`Communicator`]: what the state
+//! machine in `optim` asks for, done by the protocol layer in `gossip` with
+//! this round's peers from `topologies`.
+
+use slowmo_gossip::{CommError, Communicator, PushSumRound, exact_average};
+use slowmo_optim::{Exchange, PushSum};
+use slowmo_topologies::Topology;
+
+/// Sums small statistics over workers.
+pub(crate) fn sum_over_workers(
+    comm: &mut dyn Communicator,
+    values: &[f64],
+) -> Result<Vec<f64>, CommError> {
+    // f32 transport, f64 scalar: enough for means of losses and accuracies.
+    let mut buf: Vec<f32> = values.iter().map(|v| *v as f32).collect();
+    let mut extra = 0.0;
+    comm.all_reduce_sum(&mut buf, &mut extra)?;
+    Ok(buf.into_iter().map(f64::from).collect())
+}
+
+/// Euclidean distance of two parameter vectors.
+pub(crate) fn l2_distance(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d = f64::from(*x - *y);
+            d * d
+        })
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// A worker's communicator and graph, as the outer loop's exchange.
+pub struct CommExchange<'a> {
+    pub comm: &'a mut dyn Communicator,
+    topology: &'a dyn Topology,
+    /// Measure the consensus distance at exact averages (push-sum bases).
+    measure_consensus: bool,
+    /// Mean over workers of ||z_i - z_bar|| at the latest exact average.
+    consensus: Option<f64>,
+}
+
+impl<'a> CommExchange<'a> {
+    pub fn new(
+        comm: &'a mut dyn Communicator,
+        topology: &'a dyn Topology,
+        measure_consensus: bool,
+    ) -> Self {
+        Self {
+            comm,
+            topology,
+            measure_consensus,
+            consensus: None,
+        }
+    }
+
+    /// The consensus distance measured at the latest exact average, once.
+    pub fn take_consensus(&mut self) -> Option<f64> {
+        self.consensus.take()
+    }
+}
+
+impl Exchange for CommExchange<'_> {
+    type Error = CommError;
+
+    fn average_gradient(&mut self, grad: &mut [f32], loss: &mut f32) -> Result<(), CommError> {
+        let m = self.comm.world_size();
+        if m == 1 {
+            return Ok(());
+        }
+        let mut loss_sum = f64::from(*loss);
+        self.comm.all_reduce_sum(grad, &mut loss_sum)?;
+        let inv = 1.0 / m as f32;
+        grad.iter_mut().for_each(|g| *g *= inv);
+        *loss = (loss_sum / m as f64) as f32;
+        Ok(())
+    }
+
+    fn push_sum_round(
+        &mut self,
+        round: u64,
+        staleness: u64,
+        state: &mut PushSum,
+    ) -> Result<(), CommError> {
+        let rank = self.comm.rank();
+        let out_peers = self.topology.out_peers(rank, round);
+        let in_peers = self.topology.in_peers(rank, round);
+        self.comm.push_sum(
+            &PushSumRound {
+                round,
+                out_peers: &out_peers,
+                in_peers: &in_peers,
+                staleness,
+            },
+            &mut state.x,
+            &mut state.w,
+        )
+    }
+
+    fn round_arrived(&mut self, round: u64) -> Result<bool, CommError> {
+        self.comm.shares_arrived(round)
+    }
+
+    fn max_rounds(&mut self, rounds: u64) -> Result<u64, CommError> {
+        // Round counts travel as two exact 24-bit halves of an f32.
+        const HALF: u64 = 1 << 24;
+        if rounds >= HALF * HALF {
+            return Err(CommError::Other(format!(
+                "{rounds} gossip rounds: more than this loop can count"
+            )));
+        }
+        let m = self.comm.world_size();
+        let rank = self.comm.rank();
+        let mut counts = vec![0f32; 2 * m];
+        counts[2 * rank] = (rounds / HALF) as f32;
+        counts[2 * rank + 1] = (rounds % HALF) as f32;
+        let mut unused = 0.0;
+        self.comm.all_reduce_sum(&mut counts, &mut unused)?;
+        Ok(counts
+            .chunks_exact(2)
+            .map(|c| c[0] as u64 * HALF + c[1] as u64)
+            .max()
+            .unwrap_or(0))
+    }
+
+    fn drain(&mut self, state: &mut PushSum) -> Result<(), CommError> {
+        self.comm.drain(&mut state.x, &mut state.w)
+    }
+
+    fn exact_average(&mut self, state: &mut PushSum) -> Result<(), CommError> {
+        let before = self.measure_consensus.then(|| state.debiased());
+        exact_average(&mut *self.comm, &mut state.x, &mut state.w)?;
+        if let Some(before) = before {
+            let d = sum_over_workers(&mut *self.comm, &[l2_distance(&before, &state.x)])?;
+            self.consensus = Some(d[0] / self.comm.world_size() as f64);
+        }
+        Ok(())
+    }
+
+    fn average_buffers(&mut self, buffers: Vec<&mut [f32]>) -> Result<(), CommError> {
+        let m = self.comm.world_size();
+        if m == 1 {
+            return Ok(());
+        }
+        let inv = 1.0 / m as f32;
+        for buf in buffers {
+            let mut unused = 0.0;
+            self.comm.all_reduce_sum(buf, &mut unused)?;
+            buf.iter_mut().for_each(|v| *v *= inv);
+        }
+        Ok(())
+    }
+}
