@@ -187,7 +187,7 @@ fn one_peer_exponential_averages_exactly_in_log2_rounds_for_powers_of_two() {
 
 #[test]
 fn one_peer_exponential_is_only_approximate_otherwise() {
-    // Max deviation from 1/m after one cycle (ALGORITHMS.md).
+    // Max deviation from 1/m after one cycle (docs/algorithm.md, section 7).
     for (n, expected) in [(3, 1.0 / 6.0), (6, 1.0 / 12.0), (12, 1.0 / 24.0)] {
         let g = graph("exponential", n);
         let p = product(g.as_ref(), 0, g.period());
