@@ -30,6 +30,28 @@ pub(crate) fn l2_distance(a: &[f32], b: &[f32]) -> f64 {
         .sqrt()
 }
 
+/// Every worker's `count`, in rank order (collective).
+pub fn gather_counts(comm: &mut dyn Communicator, count: u64) -> Result<Vec<u64>, CommError> {
+    // Counts travel as two exact 24-bit halves of an f32.
+    const HALF: u64 = 1 << 24;
+    if count >= HALF * HALF {
+        return Err(CommError::Other(format!(
+            "{count}: more than a count over workers can carry"
+        )));
+    }
+    let m = comm.world_size();
+    let rank = comm.rank();
+    let mut counts = vec![0f32; 2 * m];
+    counts[2 * rank] = (count / HALF) as f32;
+    counts[2 * rank + 1] = (count % HALF) as f32;
+    let mut unused = 0.0;
+    comm.all_reduce_sum(&mut counts, &mut unused)?;
+    Ok(counts
+        .chunks_exact(2)
+        .map(|c| c[0] as u64 * HALF + c[1] as u64)
+        .collect())
+}
+
 /// A worker's communicator and graph, as the outer loop's exchange.
 pub struct CommExchange<'a> {
     pub comm: &'a mut dyn Communicator,
@@ -102,25 +124,10 @@ impl Exchange for CommExchange<'_> {
     }
 
     fn max_rounds(&mut self, rounds: u64) -> Result<u64, CommError> {
-        // Round counts travel as two exact 24-bit halves of an f32.
-        const HALF: u64 = 1 << 24;
-        if rounds >= HALF * HALF {
-            return Err(CommError::Other(format!(
-                "{rounds} gossip rounds: more than this loop can count"
-            )));
-        }
-        let m = self.comm.world_size();
-        let rank = self.comm.rank();
-        let mut counts = vec![0f32; 2 * m];
-        counts[2 * rank] = (rounds / HALF) as f32;
-        counts[2 * rank + 1] = (rounds % HALF) as f32;
-        let mut unused = 0.0;
-        self.comm.all_reduce_sum(&mut counts, &mut unused)?;
-        Ok(counts
-            .chunks_exact(2)
-            .map(|c| c[0] as u64 * HALF + c[1] as u64)
+        Ok(*gather_counts(&mut *self.comm, rounds)?
+            .iter()
             .max()
-            .unwrap_or(0))
+            .unwrap_or(&0))
     }
 
     fn drain(&mut self, state: &mut PushSum) -> Result<(), CommError> {

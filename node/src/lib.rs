@@ -2,6 +2,7 @@
 
 pub mod bench_cmd;
 pub mod bench_sim;
+pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod exchange;

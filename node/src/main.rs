@@ -11,7 +11,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run m workers inside one process (deterministic given the seed).
-    Simulate(slowmo_node::simulate::SimulateArgs),
+    Simulate(Box<slowmo_node::simulate::SimulateArgs>),
     /// Run one real peer of a run over libp2p.
     Node(Box<slowmo_node::node_cmd::NodeArgs>),
     /// Analyse and compare communication graphs, and sweep training over them.
@@ -53,7 +53,7 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Simulate(args) => slowmo_node::simulate::run(args),
+        Command::Simulate(args) => slowmo_node::simulate::run(*args),
         Command::Node(args) => slowmo_node::node_cmd::run(*args),
         Command::Topology(args) => slowmo_node::topology_cmd::run(args),
         Command::Bench(args) => slowmo_node::bench_cmd::run(args),

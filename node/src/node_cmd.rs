@@ -12,11 +12,16 @@ use sha2::{Digest, Sha256};
 use slowmo_gossip::p2p::{P2pComm, P2pConfig, RunIdentity};
 use slowmo_gossip::{CommStats, Communicator};
 
+use crate::checkpoint::{self, Checkpoint, CheckpointArgs, Identity};
 use crate::config::{RunConfig, TrainOptions};
 use crate::data;
+use crate::exchange::gather_counts;
 use crate::metrics::{MetricsWriter, Progress};
+use crate::model::ParamSpec;
 use crate::simulate::{build_model, load_dataset};
-use crate::train::{StepRecord, TrainError, WorkerOutcome, WorkerSetup, run_worker};
+use crate::train::{
+    CheckpointPlan, StepRecord, TrainError, WorkerOutcome, WorkerSetup, run_worker,
+};
 
 /// Arguments of `slowmo node`.
 #[derive(Debug, clap::Args)]
@@ -67,6 +72,8 @@ pub struct NodeArgs {
     /// Write the final averaged parameters as safetensors.
     #[arg(long)]
     pub save_params: Option<PathBuf>,
+    #[command(flatten)]
+    pub checkpoints: CheckpointArgs,
 }
 
 /// A node's final report.
@@ -153,6 +160,60 @@ pub fn params_hash(params: &[f32]) -> String {
     hex::encode(h.finalize())
 }
 
+/// The checkpoint every member resumes from: the newest step that all of
+/// them hold a valid checkpoint for. Collective; every member fails alike
+/// when one of them cannot load it.
+fn agree_on_checkpoint(
+    comm: &mut P2pComm,
+    dir: &std::path::Path,
+    layout: &[ParamSpec],
+    identity: &Identity,
+) -> anyhow::Result<Checkpoint> {
+    let newest = checkpoint::newest_valid(dir, layout, identity, None);
+    if let Err(e) = &newest {
+        tracing::error!("{e}");
+    }
+    // Steps travel as step + 1, so that 0 says "none".
+    let mine = newest.as_ref().map_or(0, |c| c.state.steps + 1);
+    let all = gather_counts(comm, mine)?;
+    let common = *all.iter().min().unwrap_or(&0);
+    if common == 0 {
+        let without: Vec<String> = (0..all.len())
+            .filter(|r| all[*r] == 0)
+            .map(|r| r.to_string())
+            .collect();
+        bail!(
+            "cannot resume: rank(s) {} have no usable checkpoint",
+            without.join(", ")
+        );
+    }
+    let step = common - 1;
+    let found = match newest {
+        Ok(c) if c.state.steps == step => Ok(c),
+        _ => checkpoint::newest_valid(dir, layout, identity, Some(step))
+            .map_err(anyhow::Error::from)
+            .and_then(|c| {
+                if c.state.steps == step {
+                    Ok(c)
+                } else {
+                    Err(anyhow::anyhow!(
+                        "no usable checkpoint of step {step} in {} (the newest all members hold)",
+                        dir.display()
+                    ))
+                }
+            }),
+    };
+    let ok = gather_counts(comm, u64::from(found.is_ok()))?;
+    if let Some(r) = ok.iter().position(|v| *v == 0) {
+        return Err(found.err().unwrap_or_else(|| {
+            anyhow::anyhow!("rank {r} cannot load the checkpoint of step {step}")
+        }))
+        .context("resuming");
+    }
+    tracing::info!(step, "resuming from a checkpoint");
+    found
+}
+
 /// `slowmo node`. Returns an error (non-zero exit) when the run did not finish.
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let file = match &args.config {
@@ -220,6 +281,31 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let shard = shards.into_iter().nth(rank).expect("one shard per rank");
     let topology: Arc<dyn slowmo_topologies::Topology> =
         Arc::from(slowmo_topologies::build(&config.graph, config.workers)?);
+    let identity = Identity {
+        config_hash: config.hash(),
+        run_id: args.run_id.clone(),
+        rank,
+        world_size: config.workers,
+    };
+    let resume = match (&args.checkpoints.checkpoint_dir, args.checkpoints.resume) {
+        (Some(dir), true) => Some(agree_on_checkpoint(
+            &mut comm,
+            dir,
+            model.layout(),
+            &identity,
+        )?),
+        _ => None,
+    };
+    let checkpoints = args
+        .checkpoints
+        .checkpoint_dir
+        .as_ref()
+        .map(|dir| CheckpointPlan {
+            dir: dir.clone(),
+            every: args.checkpoints.checkpoint_every,
+            keep: args.checkpoints.checkpoint_keep,
+            identity,
+        });
     let setup = WorkerSetup {
         config: config.clone(),
         dataset: dataset.clone(),
@@ -227,6 +313,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         model,
         topology,
         stop: Some(stop),
+        checkpoints,
+        resume,
     };
 
     let mut metrics = match &args.metrics_jsonl {

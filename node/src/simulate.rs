@@ -9,10 +9,12 @@ use anyhow::Context;
 use serde::Serialize;
 use slowmo_gossip::memory::MemoryNetwork;
 
+use crate::checkpoint::{self, Checkpoint, CheckpointArgs, Identity};
 use crate::config::{RunConfig, TrainOptions};
 use crate::data::{self, Dataset};
 use crate::model::Model;
-use crate::train::{StepRecord, WorkerOutcome, WorkerSetup, run_worker};
+use crate::model::ParamSpec;
+use crate::train::{CheckpointPlan, StepRecord, WorkerOutcome, WorkerSetup, run_worker};
 
 /// Arguments of `slowmo simulate`.
 #[derive(Debug, clap::Args)]
@@ -31,6 +33,8 @@ pub struct SimulateArgs {
     /// Print no progress lines.
     #[arg(long)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub checkpoints: CheckpointArgs,
 }
 
 /// The result of a simulated run.
@@ -131,9 +135,65 @@ pub fn simulate(
     config: &RunConfig,
     on_step: &mut (dyn FnMut(&StepRecord) + Send),
 ) -> anyhow::Result<SimulationSummary> {
+    simulate_with(config, &CheckpointArgs::default(), on_step)
+}
+
+/// The checkpoint identity of simulated worker `rank`.
+fn identity(config: &RunConfig, rank: usize) -> Identity {
+    Identity {
+        config_hash: config.hash(),
+        run_id: "simulate".into(),
+        rank,
+        world_size: config.workers,
+    }
+}
+
+/// The checkpoints of every worker at the newest step that all of them have
+/// a valid checkpoint for (each worker writes its own, into `dir/worker-R`).
+fn resume_all(
+    config: &RunConfig,
+    dir: &std::path::Path,
+    layout: &[ParamSpec],
+) -> anyhow::Result<Vec<Checkpoint>> {
+    let mut at_most = None;
+    loop {
+        let found = (0..config.workers)
+            .map(|r| {
+                checkpoint::newest_valid(
+                    &dir.join(format!("worker-{r}")),
+                    layout,
+                    &identity(config, r),
+                    at_most,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .context("resuming")?;
+        let oldest = found.iter().map(|c| c.state.steps).min().unwrap_or(0);
+        if found.iter().all(|c| c.state.steps == oldest) {
+            return Ok(found);
+        }
+        at_most = Some(oldest);
+    }
+}
+
+/// [`simulate`] with checkpoints written and, with `--resume`, read.
+pub fn simulate_with(
+    config: &RunConfig,
+    checkpoints: &CheckpointArgs,
+    on_step: &mut (dyn FnMut(&StepRecord) + Send),
+) -> anyhow::Result<SimulationSummary> {
     let started = Instant::now();
     let m = config.workers;
     let dataset = load_dataset(config)?;
+    let mut resume: Vec<Option<Checkpoint>> = vec![None; m];
+    if let (true, Some(dir)) = (checkpoints.resume, &checkpoints.checkpoint_dir) {
+        let layout = build_model(config, &dataset, &candle_core::Device::Cpu)?
+            .layout()
+            .to_vec();
+        let found = resume_all(config, dir, &layout)?;
+        tracing::info!("resuming every worker at step {}", found[0].state.steps);
+        resume = found.into_iter().map(Some).collect();
+    }
     let shards = data::shard_indices(
         &dataset.train.labels,
         dataset.classes,
@@ -147,8 +207,17 @@ pub fn simulate(
     let outcomes: Vec<anyhow::Result<WorkerOutcome>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         let mut on_step = Some(on_step);
-        for (mut comm, shard) in comms.into_iter().zip(shards) {
+        for ((mut comm, shard), resume) in comms.into_iter().zip(shards).zip(resume) {
             let rank = slowmo_gossip::Communicator::rank(&comm);
+            let plan = checkpoints
+                .checkpoint_dir
+                .as_ref()
+                .map(|dir| CheckpointPlan {
+                    dir: dir.join(format!("worker-{rank}")),
+                    every: checkpoints.checkpoint_every,
+                    keep: checkpoints.checkpoint_keep,
+                    identity: identity(config, rank),
+                });
             let dataset = dataset.clone();
             let topology = topology.clone();
             let observer = if rank == 0 { on_step.take() } else { None };
@@ -161,6 +230,8 @@ pub fn simulate(
                     model,
                     topology,
                     stop: None,
+                    checkpoints: plan,
+                    resume,
                 };
                 let mut ignore = |_: &StepRecord| {};
                 let observer: &mut dyn FnMut(&StepRecord) = match observer {
@@ -235,7 +306,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             );
         }
     };
-    let summary = simulate(&config, &mut progress)?;
+    let summary = simulate_with(&config, &args.checkpoints, &mut progress)?;
     if !quiet {
         summary.print();
     }

@@ -21,6 +21,7 @@ use slowmo_topologies::Topology;
 
 use crate::exchange::{CommExchange, l2_distance, sum_over_workers};
 
+use crate::checkpoint::{Checkpoint, CheckpointError, Identity};
 use crate::config::RunConfig;
 use crate::data::{Batcher, Dataset, Split};
 use crate::model::{Model, ModelError};
@@ -43,6 +44,21 @@ pub enum TrainError {
     Diverged { step: u64, loss: f32 },
     #[error("stopped at step {step} on request")]
     Interrupted { step: u64 },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("cannot resume: {0}")]
+    Resume(String),
+}
+
+/// Where and how often a worker writes checkpoints.
+#[derive(Debug, Clone)]
+pub struct CheckpointPlan {
+    pub dir: std::path::PathBuf,
+    /// Outer iterations between checkpoints.
+    pub every: u64,
+    /// Checkpoints kept.
+    pub keep: u64,
+    pub identity: Identity,
 }
 
 /// What one worker needs besides its communicator.
@@ -55,6 +71,10 @@ pub struct WorkerSetup {
     pub topology: Arc<dyn Topology>,
     /// Checked before every step; `true` stops the run cleanly.
     pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Write checkpoints at outer boundaries.
+    pub checkpoints: Option<CheckpointPlan>,
+    /// Continue from this checkpoint instead of the start.
+    pub resume: Option<Checkpoint>,
 }
 
 /// Per-step metrics of one worker.
@@ -218,6 +238,8 @@ pub fn run_worker(
         mut model,
         topology,
         stop,
+        checkpoints,
+        resume,
     } = setup;
     let rank = comm.rank();
     let sample_len = dataset.sample_len();
@@ -233,8 +255,15 @@ pub fn run_worker(
     let (mut images, mut labels) = (Vec::new(), Vec::new());
     let mut losses = LossWindow::default();
     let eval_split = head(&dataset.test, sample_len, EVAL_SAMPLES);
+    if let Some(ck) = resume {
+        outer
+            .restore(ck.state)
+            .map_err(|e| TrainError::Resume(e.to_string()))?;
+        batcher.seek(ck.epoch, ck.position);
+        ck.losses.into_iter().for_each(|l| losses.push(l));
+    }
 
-    for step in 0..config.steps {
+    for step in outer.steps()..config.steps {
         if stop
             .as_ref()
             .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
@@ -272,6 +301,23 @@ pub fn run_worker(
         };
         if report.outer_boundary {
             record.consensus_distance = net.take_consensus();
+            if let Some(plan) = &checkpoints
+                && outer.slowmo().outer_steps().is_multiple_of(plan.every)
+            {
+                // Nothing may be in flight in a checkpoint; after an exact
+                // average nothing is.
+                if !config.algorithm.slowmo.average {
+                    outer.settle(&mut net)?;
+                }
+                let ck = Checkpoint {
+                    identity: plan.identity.clone(),
+                    state: outer.state(),
+                    epoch: batcher.epoch(),
+                    position: batcher.position(),
+                    losses: losses.0.iter().copied().collect(),
+                };
+                ck.save(&plan.dir, model.layout(), plan.keep)?;
+            }
         }
         if config.eval_every > 0
             && (step + 1).is_multiple_of(config.eval_every)

@@ -21,7 +21,7 @@ pub mod slowmo;
 
 pub use error::{OptimError, SCHEDULE_FORMS};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind};
-pub use outer::{Exchange, OuterLoop, StepReport};
+pub use outer::{Exchange, LoopState, OuterLoop, StepReport};
 pub use preset::{Algorithm, Base, DEFAULT_TAU, Preset};
 pub use push_sum::PushSum;
 pub use rng::Rng;

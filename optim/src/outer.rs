@@ -22,7 +22,7 @@
 //!     slow-momentum step; buffer reset (policy `reset`)
 //! ```
 
-use crate::error::OptimError;
+use crate::error::{OptimError, check_finite};
 use crate::optimizer::{Optimizer, OptimizerConfig};
 use crate::preset::{Algorithm, Base};
 use crate::push_sum::PushSum;
@@ -56,6 +56,31 @@ pub trait Exchange {
     fn exact_average(&mut self, state: &mut PushSum) -> Result<(), Self::Error>;
     /// Replace each buffer by its elementwise mean over the workers.
     fn average_buffers(&mut self, buffers: Vec<&mut [f32]>) -> Result<(), Self::Error>;
+}
+
+/// Everything an [`OuterLoop`] holds between steps: what a checkpoint must
+/// keep so that a resumed run continues bit for bit (docs/algorithm.md,
+/// "Checkpoints").
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopState {
+    /// Push-sum numerator.
+    pub x: Vec<f32>,
+    /// Push-sum weight.
+    pub w: f64,
+    /// SlowMo anchor `x_{t,0}`.
+    pub anchor: Vec<f32>,
+    /// Slow momentum `u` (gradient units).
+    pub momentum: Vec<f32>,
+    /// Outer steps taken.
+    pub outer_steps: u64,
+    /// Base-optimizer buffers, in the order of [`Optimizer::state_names`].
+    pub optimizer_buffers: Vec<Vec<f32>>,
+    /// Base-optimizer step counter (Adam's bias correction).
+    pub optimizer_steps: u64,
+    /// Base steps taken.
+    pub steps: u64,
+    /// Push-sum rounds started.
+    pub rounds: u64,
 }
 
 /// What a step did, for metrics.
@@ -225,6 +250,91 @@ impl OuterLoop {
         Ok(())
     }
 
+    /// Brings the loop to a point with nothing in flight (background gossip:
+    /// every worker at the same round count; then a drain), for a checkpoint
+    /// outside an exact average. Collective.
+    pub fn settle<E: Exchange>(&mut self, ex: &mut E) -> Result<(), E::Error> {
+        self.finish(ex)
+    }
+
+    /// A copy of everything the loop holds.
+    pub fn state(&self) -> LoopState {
+        LoopState {
+            x: self.state.x.clone(),
+            w: self.state.w,
+            anchor: self.slowmo.anchor().to_vec(),
+            momentum: self.slowmo.momentum().to_vec(),
+            outer_steps: self.slowmo.outer_steps(),
+            optimizer_buffers: self
+                .opt
+                .state_buffers()
+                .into_iter()
+                .map(<[f32]>::to_vec)
+                .collect(),
+            optimizer_steps: self.opt.steps(),
+            steps: self.steps,
+            rounds: self.rounds,
+        }
+    }
+
+    /// Continues from `s` (a checkpoint of a loop with the same algorithm,
+    /// optimizer and parameter count). Every buffer is checked for its length
+    /// and finiteness and the weight for being finite and positive; on error
+    /// nothing changes.
+    pub fn restore(&mut self, s: LoopState) -> Result<(), OptimError> {
+        let n = self.state.len();
+        if s.x.len() != n {
+            return Err(OptimError::LengthMismatch {
+                what: "push-sum numerator",
+                expected: n,
+                got: s.x.len(),
+            });
+        }
+        check_finite("push-sum numerator", &s.x)?;
+        if !(s.w.is_finite() && s.w > 0.0) {
+            return Err(OptimError::InvalidField {
+                field: "push-sum weight",
+                value: s.w.to_string(),
+                expected: "a finite number > 0",
+            });
+        }
+        let names = self.opt.state_names();
+        if s.optimizer_buffers.len() != names.len() {
+            return Err(OptimError::InvalidField {
+                field: "optimizer buffers",
+                value: s.optimizer_buffers.len().to_string(),
+                expected: "one per state buffer of the configured optimizer",
+            });
+        }
+        for buf in &s.optimizer_buffers {
+            if buf.len() != n {
+                return Err(OptimError::LengthMismatch {
+                    what: "optimizer buffer",
+                    expected: n,
+                    got: buf.len(),
+                });
+            }
+            check_finite("optimizer buffer", buf)?;
+        }
+        let mut slowmo = self.slowmo.clone();
+        slowmo.restore(s.anchor, s.momentum, s.outer_steps)?;
+        self.slowmo = slowmo;
+        for (dst, src) in self
+            .opt
+            .state_buffers_mut()
+            .into_iter()
+            .zip(&s.optimizer_buffers)
+        {
+            dst.copy_from_slice(src);
+        }
+        self.opt.set_steps(s.optimizer_steps);
+        self.state = PushSum { x: s.x, w: s.w };
+        self.steps = s.steps;
+        self.rounds = s.rounds;
+        self.z_fresh = false;
+        Ok(())
+    }
+
     /// The push-sum state `(x, w)`.
     pub fn push_sum(&self) -> &PushSum {
         &self.state
@@ -353,6 +463,52 @@ mod tests {
             ["grad", "buffers"],
             "ar-sgd has nothing to average"
         );
+    }
+
+    #[test]
+    fn state_round_trips_and_bad_state_changes_nothing() {
+        let mut ex = Lonely::default();
+        let opt = OptimizerConfig::default(); // sgd with momentum: one buffer
+        let mut a = OuterLoop::new(alg(Base::Osgp, 2, false), &opt, vec![1.0, 2.0]).unwrap();
+        for g in [0.5f32, -1.0, 0.25] {
+            a.step(&mut ex, &mut [g, g], &mut 0.0, 0.1).unwrap();
+        }
+        let saved = a.state();
+        let mut b = OuterLoop::new(alg(Base::Osgp, 2, false), &opt, vec![0.0, 0.0]).unwrap();
+        b.restore(saved.clone()).unwrap();
+        assert_eq!(b.state(), saved);
+        for l in [&mut a, &mut b] {
+            l.step(&mut ex, &mut [1.0, 1.0], &mut 0.0, 0.1).unwrap();
+        }
+        assert_eq!(
+            a.state(),
+            b.state(),
+            "the restored loop continues identically"
+        );
+        let fresh = OuterLoop::new(alg(Base::Osgp, 2, false), &opt, vec![0.0, 0.0]).unwrap();
+        let bad = [
+            LoopState {
+                w: 0.0,
+                ..saved.clone()
+            },
+            LoopState {
+                x: vec![1.0],
+                ..saved.clone()
+            },
+            LoopState {
+                anchor: vec![f32::NAN, 0.0],
+                ..saved.clone()
+            },
+            LoopState {
+                optimizer_buffers: vec![],
+                ..saved.clone()
+            },
+        ];
+        for s in bad {
+            let mut c = fresh.clone();
+            assert!(c.restore(s).is_err());
+            assert_eq!(c.state(), fresh.state());
+        }
     }
 
     #[test]

@@ -1,0 +1,190 @@
+//! Checkpoints end to end through the `slowmo` binary: a run resumed from a
+//! checkpoint ends with the same bytes as the uninterrupted run, after a
+//! SIGKILL too; a corrupt checkpoint is skipped for the next older one, and
+//! a checkpoint of another configuration is refused, both with the reason.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn slowmo() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_slowmo"))
+}
+
+const SMALL: [&str; 10] = [
+    "--workers",
+    "4",
+    "--eval-every",
+    "0",
+    "--hidden",
+    "32",
+    "--batch-size",
+    "16",
+    "--quiet",
+    "--tau",
+];
+
+fn simulate(flags: &[&str], extra: &[&str], params: &Path, ckpt: &Path) -> Output {
+    let out = slowmo()
+        .arg("simulate")
+        .args(SMALL)
+        .args(flags)
+        .args(extra)
+        .arg("--save-params")
+        .arg(params)
+        .arg("--checkpoint-dir")
+        .arg(ckpt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "simulate {flags:?} {extra:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn checkpoints(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    v.retain(|p| p.extension().is_some_and(|e| e == "safetensors"));
+    v.sort();
+    v
+}
+
+/// Runs to the end, then forgets every checkpoint after step `crash_after`
+/// (what a crash right after that checkpoint leaves) and resumes.
+fn resume_matches_uninterrupted(flags: &[&str], crash_after: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, ck) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("ck"),
+    );
+    simulate(flags, &["--checkpoint-keep", "100"], &a, &ck);
+    for w in 0..4 {
+        for file in checkpoints(&ck.join(format!("worker-{w}"))) {
+            let name = file.file_name().unwrap().to_str().unwrap();
+            let step: u64 = name[5..15].parse().unwrap();
+            if step > crash_after {
+                std::fs::remove_file(&file).unwrap();
+            }
+        }
+    }
+    simulate(flags, &["--resume"], &b, &ck);
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "{flags:?}: the resumed run's parameters differ"
+    );
+}
+
+#[test]
+fn resuming_reproduces_the_uninterrupted_run_bit_for_bit() {
+    resume_matches_uninterrupted(&["6", "--steps", "60", "--preset", "local-sgd"], 30);
+    resume_matches_uninterrupted(
+        &[
+            "6",
+            "--steps",
+            "60",
+            "--base",
+            "sgp",
+            "--beta",
+            "0.5",
+            "--optimizer",
+            "adam",
+            "--buffer-policy",
+            "reset",
+            "--schedule",
+            "warmup-cosine:10",
+        ],
+        24,
+    );
+    resume_matches_uninterrupted(
+        &[
+            "6",
+            "--steps",
+            "60",
+            "--base",
+            "sgp",
+            "--beta",
+            "0.5",
+            "--no-average",
+            "true",
+        ],
+        36,
+    );
+}
+
+#[test]
+fn a_killed_run_resumes_to_the_same_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["12", "--steps", "1200", "--base", "sgp", "--beta", "0.5"];
+    let (a, b, ck_a, ck_b) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("ck-a"),
+        dir.path().join("ck-b"),
+    );
+    simulate(&flags, &[], &a, &ck_a);
+    let mut child = slowmo()
+        .arg("simulate")
+        .args(SMALL)
+        .args(flags)
+        .arg("--save-params")
+        .arg(&b)
+        .arg("--checkpoint-dir")
+        .arg(&ck_b)
+        .spawn()
+        .unwrap();
+    // Kill it once the last worker has written a checkpoint.
+    let started = Instant::now();
+    while checkpoints(&ck_b.join("worker-3")).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no checkpoint within 2 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success() && !b.exists(),
+        "the run must die before its end: {status:?}"
+    );
+    simulate(&flags, &["--resume"], &b, &ck_b);
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
+}
+
+#[test]
+fn corrupt_and_mismatched_checkpoints_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["6", "--steps", "24", "--base", "sgp"];
+    let (a, ck) = (dir.path().join("a"), dir.path().join("ck"));
+    simulate(&flags, &[], &a, &ck);
+    // The newest checkpoint of worker 1 is damaged: everyone falls back one.
+    let newest = checkpoints(&ck.join("worker-1")).pop().unwrap();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x10;
+    std::fs::write(&newest, bytes).unwrap();
+    let out = simulate(&flags, &["--resume"], &dir.path().join("b"), &ck);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("content hash mismatch"), "{err}");
+    assert!(err.contains("resuming every worker at step 18"), "{err}");
+    // Another learning rate is another run.
+    let out = slowmo()
+        .arg("simulate")
+        .args(SMALL)
+        .args(flags)
+        .args(["--lr", "0.02", "--resume", "--checkpoint-dir"])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no usable checkpoint") && err.contains("config hash"),
+        "{err}"
+    );
+}
