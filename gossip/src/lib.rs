@@ -6,6 +6,7 @@
 //! processes). This crate knows nothing about models: it moves `f32` buffers
 //! and their push-sum weights.
 
+mod ledger;
 pub mod memory;
 
 use std::time::Duration;
@@ -86,6 +87,20 @@ pub struct CommStats {
     pub messages_dropped: u64,
 }
 
+/// Push-sum mass a rank has sent and added so far: after a drain, the
+/// weights sent by all ranks sum to the weights they added (no mass lost).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PushSumMass {
+    /// Shares sent (one per out-peer and round).
+    pub shares_sent: u64,
+    /// Sum of the weights of the shares sent.
+    pub weight_sent: f64,
+    /// Shares received and added into `(x, w)`.
+    pub shares_added: u64,
+    /// Sum of the weights of the shares added.
+    pub weight_added: f64,
+}
+
 /// The operations the training loop needs from the network.
 ///
 /// All operations are blocking; every rank of the run calls the collective
@@ -107,13 +122,10 @@ pub trait Communicator: Send {
         w: &mut f64,
     ) -> Result<(), CommError>;
     /// Whether every push-sum share of rounds `<= up_to` has arrived; adds
-    /// nothing and never blocks. A communicator that cannot tell says `true`,
-    /// and the next [`Communicator::push_sum`] waits as its staleness bound
-    /// says (the in-memory network does this, which keeps it deterministic).
-    fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
-        let _ = up_to;
-        Ok(true)
-    }
+    /// nothing. Over a real network it never blocks. The in-memory network
+    /// in its default, lockstep model waits until the answer is `true`
+    /// (see [`memory::Arrival`]), which keeps the simulator deterministic.
+    fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError>;
     /// Wait for every push-sum share still in flight towards this rank and add
     /// it into `(x, w)`.
     fn drain(&mut self, x: &mut [f32], w: &mut f64) -> Result<(), CommError>;
@@ -124,6 +136,8 @@ pub trait Communicator: Send {
     fn barrier(&mut self) -> Result<(), CommError>;
     /// Traffic so far.
     fn stats(&self) -> CommStats;
+    /// Push-sum mass sent and added so far.
+    fn push_sum_mass(&self) -> PushSumMass;
 }
 
 /// Exact push-sum average: drain what is in flight, then set every rank's

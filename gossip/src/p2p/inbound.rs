@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::{AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
 
+use super::payload::LeBytes;
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{
     ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, READY, ReadError, Reject,
@@ -111,7 +112,7 @@ async fn serve_one(
         shared
             .push_inbox
             .admit(header.round, from)
-            .map_err(ReadError::Rejected)?;
+            .map_err(|r| ReadError::Rejected(r.into()))?;
     }
     let buf = shared.pool.take(bytes as usize);
     let (payload, scan) =
@@ -121,8 +122,8 @@ async fn serve_one(
     if protocol == PUSH_SUM_PROTOCOL {
         shared
             .push_inbox
-            .deliver(header.round, from, header.weight, payload)
-            .map_err(ReadError::Rejected)?;
+            .deliver(header.round, from, header.weight, LeBytes(payload))
+            .map_err(|r| ReadError::Rejected(r.into()))?;
     } else {
         let msg = ReduceMsg {
             from,

@@ -8,7 +8,7 @@
 //!
 //! Protocols (`/slowmo/<name>/<major>`):
 //! - `membership/1`: join handshake and view agreement ([`membership`]);
-//! - `push-sum/1`: push-sum shares ([`push_sum`]);
+//! - `push-sum/1`: push-sum shares (added by the [`crate::ledger`]);
 //! - `all-reduce/1`: ring all-reduce chunks, also the barrier ([`allreduce`]).
 //!
 //! Tensor frames are a CBOR header and a raw little-endian payload
@@ -35,7 +35,6 @@ mod inbound;
 mod links;
 mod membership;
 mod payload;
-mod push_sum;
 mod state;
 pub mod wire;
 
@@ -49,15 +48,15 @@ use tokio::sync::{mpsc, watch};
 
 pub use config::{P2pConfig, RunIdentity};
 
+use crate::ledger::{Ledger, Mixing, Waiting};
 use allreduce::Ring;
 use behaviour::{SwarmCmd, parse_addrs};
 use links::{Link, Outgoing};
 use membership::Membership;
-use push_sum::{CollectCtx, PushState};
 use state::{ReduceMsg, Shared, View, lock};
 use wire::{ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, WIRE_VERSION};
 
-use crate::{CommError, CommStats, Communicator, PushSumRound, Rank, push_sum_share};
+use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank, push_sum_share};
 
 /// Frames a push-sum link may queue before the training thread waits.
 const PUSH_QUEUE: usize = 16;
@@ -79,7 +78,7 @@ pub struct P2pComm {
     /// All-reduce link to the right ring neighbour.
     ring_link: Option<Link>,
     reduce_rx: mpsc::Receiver<ReduceMsg>,
-    push: PushState,
+    push: Ledger,
     /// All-reduce sequence number (also counts barriers).
     seq: u64,
 }
@@ -295,14 +294,21 @@ impl P2pComm {
             Some(peer) => shared.activity.deadline(peer, started, timeout),
             None => started + timeout,
         };
-        let ctx = CollectCtx {
-            inbox: &self.shared.push_inbox,
-            pool: &self.shared.pool,
+        let waiting = Waiting {
             timeout,
             deadline: &deadline,
             peer_name: &name,
         };
-        self.push.collect(&ctx, wait_up_to, x, w, op)
+        let pool = &self.shared.pool;
+        self.push.collect(
+            &self.shared.push_inbox,
+            &waiting,
+            wait_up_to,
+            x,
+            w,
+            op,
+            &mut |share| pool.give(share.0),
+        )
     }
 
     fn check_ranks(&self, round: u64, what: &str, ranks: &[Rank]) -> Result<(), CommError> {
@@ -431,7 +437,7 @@ impl PendingJoin {
             push_links,
             ring_link,
             reduce_rx: self.reduce_rx.take().expect("joined once"),
-            push: PushState::default(),
+            push: Ledger::new(Mixing::Arrived),
             seq: 0,
         })
     }
@@ -567,12 +573,10 @@ impl Communicator for P2pComm {
                     }
                 }
             }
+            self.push.sent(round.out_peers.len(), *w);
         }
         let wait = round.round.checked_sub(round.staleness);
-        match wait {
-            Some(up_to) => self.collect(Some(up_to), x, w, "push-sum"),
-            None => self.collect(None, x, w, "push-sum"),
-        }
+        self.collect(wait, x, w, "push-sum")
     }
 
     fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
@@ -600,5 +604,9 @@ impl Communicator for P2pComm {
 
     fn stats(&self) -> CommStats {
         self.shared.counters.snapshot()
+    }
+
+    fn push_sum_mass(&self) -> PushSumMass {
+        self.push.mass()
     }
 }

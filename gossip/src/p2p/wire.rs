@@ -115,6 +115,27 @@ pub enum Reject {
     Weight(f64),
 }
 
+impl From<crate::ledger::Refusal> for Reject {
+    fn from(r: crate::ledger::Refusal) -> Self {
+        use crate::ledger::Refusal;
+        match r {
+            Refusal::Duplicate { round } => Reject::Duplicate { round },
+            Refusal::RoundWindow {
+                round,
+                ours,
+                window,
+            } => Reject::RoundWindow {
+                round,
+                ours,
+                window,
+            },
+            Refusal::TooManyBuffered { buffered, limit } => {
+                Reject::TooManyBuffered { buffered, limit }
+            }
+        }
+    }
+}
+
 /// Why reading a frame stopped.
 #[derive(Debug)]
 pub enum ReadError {
