@@ -6,8 +6,11 @@
 //! processes). This crate knows nothing about models: it moves `f32` buffers
 //! and their push-sum weights.
 
+mod collectives;
 mod ledger;
 pub mod memory;
+
+pub use collectives::ReduceOp;
 
 use std::time::Duration;
 
@@ -104,8 +107,9 @@ pub struct PushSumMass {
 /// The operations the training loop needs from the network.
 ///
 /// All operations are blocking; every rank of the run calls the collective
-/// ones ([`Communicator::all_reduce_sum`], [`Communicator::barrier`]) in the same
-/// order.
+/// ones ([`Communicator::all_reduce_sum`], [`Communicator::barrier`],
+/// [`Communicator::all_gather_u64`] and the typed collectives over it) in the
+/// same order.
 pub trait Communicator: Send {
     /// This worker's rank.
     fn rank(&self) -> Rank;
@@ -134,6 +138,23 @@ pub trait Communicator: Send {
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError>;
     /// Wait until every rank reached the barrier.
     fn barrier(&mut self) -> Result<(), CommError>;
+    /// Every rank's `values`, exactly, in rank order (a collective). The
+    /// lengths may differ: the typed collectives below check them.
+    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError>;
+    /// Combines `values` over all ranks with `op`; every rank gets the
+    /// result. A sum beyond `u64::MAX`, or ranks with different lengths, is
+    /// an error on every rank.
+    fn all_reduce_u64(&mut self, values: &mut [u64], op: ReduceOp) -> Result<(), CommError> {
+        let all = self.all_gather_u64(values)?;
+        collectives::reduce_u64(&all, values, op)
+    }
+    /// f64 sums in rank order `((v_0 + v_1) + v_2) ...`: every rank gets the
+    /// same bits. A non-finite value from any rank is an error on every rank.
+    fn all_reduce_f64(&mut self, values: &mut [f64]) -> Result<(), CommError> {
+        let bits: Vec<u64> = values.iter().map(|v| v.to_bits()).collect();
+        let all = self.all_gather_u64(&bits)?;
+        collectives::sum_f64_in_rank_order(&all, values)
+    }
     /// Traffic so far.
     fn stats(&self) -> CommStats;
     /// Push-sum mass sent and added so far.

@@ -40,8 +40,32 @@ pub enum Arrival {
     AsSent,
 }
 
-/// One contribution to a collective: a vector and a scalar.
-type Contribution = (Vec<f32>, f64);
+/// One rank's contribution to a collective.
+enum Contribution {
+    /// All-reduce and barrier: a vector and a scalar.
+    Floats(Vec<f32>, f64),
+    /// All-gather of exact words.
+    Words(Vec<u64>),
+}
+
+/// The ranks' float contributions, or an error if some rank is in another
+/// kind of collective (the ranks called collectives in different orders).
+fn floats(all: &[Contribution]) -> Result<Vec<(&[f32], f64)>, CommError> {
+    all.iter()
+        .enumerate()
+        .map(|(rank, c)| match c {
+            Contribution::Floats(v, s) => Ok((v.as_slice(), *s)),
+            Contribution::Words(_) => Err(out_of_order(rank)),
+        })
+        .collect()
+}
+
+fn out_of_order(rank: Rank) -> CommError {
+    CommError::Other(format!(
+        "rank {rank} was in another kind of collective: the ranks called collectives in \
+         different orders"
+    ))
+}
 
 #[derive(Default)]
 struct Reduce {
@@ -178,14 +202,13 @@ impl MemoryComm {
     /// Every rank's contribution, in rank order, once all have arrived.
     fn gather(
         &mut self,
-        values: Vec<f32>,
-        scalar: f64,
+        contribution: Contribution,
         operation: &'static str,
     ) -> Result<Arc<Vec<Contribution>>, CommError> {
         let shared = self.shared.clone();
         let mut state = lock(&shared.reduce);
         let generation = state.generation;
-        state.slots[self.rank] = Some((values, scalar));
+        state.slots[self.rank] = Some(contribution);
         state.arrived += 1;
         if state.arrived == shared.size {
             let all: Vec<Contribution> = state
@@ -305,7 +328,8 @@ impl Communicator for MemoryComm {
         // order of the network's reduce-scatter, so the bits are the same as
         // over the network and do not depend on scheduling), and the segments
         // are gathered.
-        let inputs = self.gather(buf.to_vec(), *scalar, "all-reduce")?;
+        let gathered = self.gather(Contribution::Floats(buf.to_vec(), *scalar), "all-reduce")?;
+        let inputs = floats(&gathered)?;
         // Every rank sees every length, so a mismatch fails them all alike.
         if let Some((v, _)) = inputs.iter().find(|(v, _)| v.len() != buf.len()) {
             return Err(CommError::ShapeMismatch {
@@ -315,13 +339,14 @@ impl Communicator for MemoryComm {
         }
         let len = buf.len();
         let mut part = vec![0f32; segment(len, size, self.rank).len()];
-        let views: Vec<&[f32]> = inputs.iter().map(|(v, _)| v.as_slice()).collect();
+        let views: Vec<&[f32]> = inputs.iter().map(|(v, _)| *v).collect();
         sum_segment_in_ring_order(&views, self.rank, &mut part);
         let total = sum_scalars_in_rank_order(inputs.iter().map(|(_, s)| *s));
         drop(views);
         drop(inputs);
-        let parts = self.gather(part, total, "all-reduce")?;
-        for (rank, (part, _)) in parts.iter().enumerate() {
+        drop(gathered);
+        let parts = self.gather(Contribution::Floats(part, total), "all-reduce")?;
+        for (rank, (part, _)) in floats(&parts)?.into_iter().enumerate() {
             buf[segment(len, size, rank)].copy_from_slice(part);
         }
         *scalar = total;
@@ -335,7 +360,26 @@ impl Communicator for MemoryComm {
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
-        self.gather(Vec::new(), 0.0, "barrier").map(drop)
+        let all = self.gather(Contribution::Floats(Vec::new(), 0.0), "barrier")?;
+        floats(&all).map(drop)
+    }
+
+    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
+        let all = self.gather(Contribution::Words(values.to_vec()), "all-gather")?;
+        let words = all
+            .iter()
+            .enumerate()
+            .map(|(rank, c)| match c {
+                Contribution::Words(v) => Ok(v.clone()),
+                Contribution::Floats(..) => Err(out_of_order(rank)),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // What a ring all-gather would move.
+        let others: u64 =
+            words.iter().map(|v| 8 * v.len() as u64).sum::<u64>() - 8 * values.len() as u64;
+        self.stats.bytes_sent += others;
+        self.stats.bytes_received += others;
+        Ok(words)
     }
 
     fn stats(&self) -> CommStats {

@@ -107,7 +107,8 @@ async fn serve_one(
 ) -> Result<(), ReadError> {
     let (header, header_bytes) = read_header(stream).await?;
     let from = check_header(shared, view, &peer, &header, protocol).map_err(ReadError::Rejected)?;
-    let bytes = 4 * header.len;
+    // check_header capped the size.
+    let bytes = header.dtype.size() * header.len;
     if protocol == PUSH_SUM_PROTOCOL {
         shared
             .push_inbox
@@ -173,13 +174,10 @@ pub(crate) fn check_header(
     let from = view
         .rank_of(peer)
         .ok_or(Reject::NotMember { view: view.number })?;
-    match h.dtype {
-        DType::F32 => {}
-    }
     let push = protocol == PUSH_SUM_PROTOCOL;
     let kind_fits = match h.kind {
         Kind::PushSum => push,
-        Kind::ReduceScatter | Kind::AllGather => !push,
+        Kind::ReduceScatter | Kind::AllGather | Kind::Gather => !push,
     };
     if !kind_fits {
         return Err(Reject::WrongKind {
@@ -187,7 +185,13 @@ pub(crate) fn check_header(
             protocol,
         });
     }
-    let announced = h.len.saturating_mul(4);
+    if h.dtype != DType::of(h.kind) {
+        return Err(Reject::WrongDType {
+            kind: h.kind,
+            dtype: h.dtype,
+        });
+    }
+    let announced = h.len.saturating_mul(h.dtype.size());
     if announced > shared.cfg.max_message_bytes {
         return Err(Reject::TooLarge {
             announced,
@@ -200,7 +204,16 @@ pub(crate) fn check_header(
             got: h.len,
         });
     }
-    if !push && h.offset.checked_add(h.len).is_none_or(|end| end > h.total) {
+    let members = view.members.len() as u64;
+    if h.kind == Kind::Gather && (h.offset >= members || h.total != members) {
+        return Err(Reject::MalformedHeader(format!(
+            "gather block of rank {} in a view of {} ranks (ours has {members})",
+            h.offset, h.total
+        )));
+    }
+    if matches!(h.kind, Kind::ReduceScatter | Kind::AllGather)
+        && h.offset.checked_add(h.len).is_none_or(|end| end > h.total)
+    {
         return Err(Reject::Layout {
             offset: h.offset,
             len: h.len,

@@ -9,7 +9,8 @@
 //! Protocols (`/slowmo/<name>/<major>`):
 //! - `membership/1`: join handshake and view agreement ([`membership`]);
 //! - `push-sum/1`: push-sum shares (added by the [`crate::ledger`]);
-//! - `all-reduce/1`: ring all-reduce chunks, also the barrier ([`allreduce`]).
+//! - `all-reduce/1`: ring all-reduce chunks, also the barrier ([`allreduce`]),
+//!   and the blocks of the typed collectives ([`gather`]).
 //!
 //! Tensor frames are a CBOR header and a raw little-endian payload
 //! ([`wire`]); every inbound frame is checked ([`inbound`]).
@@ -30,6 +31,7 @@
 mod allreduce;
 mod behaviour;
 mod config;
+mod gather;
 mod identity;
 mod inbound;
 mod links;
@@ -321,21 +323,21 @@ impl P2pComm {
         }
     }
 
-    fn all_reduce(
+    /// Runs `f` on the ring of the next collective; `None` in a run of one.
+    fn on_ring<T>(
         &mut self,
-        buf: &mut [f32],
-        scalar: &mut f64,
         operation: &'static str,
-    ) -> Result<(), CommError> {
+        f: impl FnOnce(&mut Ring<'_>) -> Result<T, CommError>,
+    ) -> Result<Option<T>, CommError> {
         self.seq += 1;
         let rt = self
             .rt
             .as_ref()
             .ok_or_else(|| CommError::Closed("node stopped".into()))?;
         let Some(link) = &self.ring_link else {
-            return Ok(()); // a run of one: nothing to add
+            return Ok(None);
         };
-        Ring {
+        let mut ring = Ring {
             rt,
             shared: &self.shared,
             view: &self.view,
@@ -344,8 +346,19 @@ impl P2pComm {
             inbox: &mut self.reduce_rx,
             seq: self.seq,
             operation,
-        }
-        .run(buf, scalar)
+        };
+        f(&mut ring).map(Some)
+    }
+
+    fn all_reduce(
+        &mut self,
+        buf: &mut [f32],
+        scalar: &mut f64,
+        operation: &'static str,
+    ) -> Result<(), CommError> {
+        // A run of one has nothing to add.
+        self.on_ring(operation, |ring| ring.run(buf, scalar))
+            .map(drop)
     }
 }
 
@@ -600,6 +613,11 @@ impl Communicator for P2pComm {
 
     fn barrier(&mut self) -> Result<(), CommError> {
         self.all_reduce(&mut [], &mut 0.0, "barrier")
+    }
+
+    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
+        let gathered = self.on_ring("all-gather", |ring| ring.gather(values))?;
+        Ok(gathered.unwrap_or_else(|| vec![values.to_vec()]))
     }
 
     fn stats(&self) -> CommStats {
