@@ -6,7 +6,11 @@
 //! processes). This crate knows nothing about models: it moves `f32` buffers
 //! and their push-sum weights.
 
+mod collectives;
+mod ledger;
 pub mod memory;
+
+pub use collectives::ReduceOp;
 
 use std::time::Duration;
 
@@ -86,11 +90,26 @@ pub struct CommStats {
     pub messages_dropped: u64,
 }
 
+/// Push-sum mass a rank has sent and added so far: after a drain, the
+/// weights sent by all ranks sum to the weights they added (no mass lost).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PushSumMass {
+    /// Shares sent (one per out-peer and round).
+    pub shares_sent: u64,
+    /// Sum of the weights of the shares sent.
+    pub weight_sent: f64,
+    /// Shares received and added into `(x, w)`.
+    pub shares_added: u64,
+    /// Sum of the weights of the shares added.
+    pub weight_added: f64,
+}
+
 /// The operations the training loop needs from the network.
 ///
 /// All operations are blocking; every rank of the run calls the collective
-/// ones ([`Communicator::all_reduce_sum`], [`Communicator::barrier`]) in the same
-/// order.
+/// ones ([`Communicator::all_reduce_sum`], [`Communicator::barrier`],
+/// [`Communicator::all_gather_u64`] and the typed collectives over it) in the
+/// same order.
 pub trait Communicator: Send {
     /// This worker's rank.
     fn rank(&self) -> Rank;
@@ -107,13 +126,10 @@ pub trait Communicator: Send {
         w: &mut f64,
     ) -> Result<(), CommError>;
     /// Whether every push-sum share of rounds `<= up_to` has arrived; adds
-    /// nothing and never blocks. A communicator that cannot tell says `true`,
-    /// and the next [`Communicator::push_sum`] waits as its staleness bound
-    /// says (the in-memory network does this, which keeps it deterministic).
-    fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
-        let _ = up_to;
-        Ok(true)
-    }
+    /// nothing. Over a real network it never blocks. The in-memory network
+    /// in its default, lockstep model waits until the answer is `true`
+    /// (see [`memory::Arrival`]), which keeps the simulator deterministic.
+    fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError>;
     /// Wait for every push-sum share still in flight towards this rank and add
     /// it into `(x, w)`.
     fn drain(&mut self, x: &mut [f32], w: &mut f64) -> Result<(), CommError>;
@@ -122,8 +138,27 @@ pub trait Communicator: Send {
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError>;
     /// Wait until every rank reached the barrier.
     fn barrier(&mut self) -> Result<(), CommError>;
+    /// Every rank's `values`, exactly, in rank order (a collective). The
+    /// lengths may differ: the typed collectives below check them.
+    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError>;
+    /// Combines `values` over all ranks with `op`; every rank gets the
+    /// result. A sum beyond `u64::MAX`, or ranks with different lengths, is
+    /// an error on every rank.
+    fn all_reduce_u64(&mut self, values: &mut [u64], op: ReduceOp) -> Result<(), CommError> {
+        let all = self.all_gather_u64(values)?;
+        collectives::reduce_u64(&all, values, op)
+    }
+    /// f64 sums in rank order `((v_0 + v_1) + v_2) ...`: every rank gets the
+    /// same bits. A non-finite value from any rank is an error on every rank.
+    fn all_reduce_f64(&mut self, values: &mut [f64]) -> Result<(), CommError> {
+        let bits: Vec<u64> = values.iter().map(|v| v.to_bits()).collect();
+        let all = self.all_gather_u64(&bits)?;
+        collectives::sum_f64_in_rank_order(&all, values)
+    }
     /// Traffic so far.
     fn stats(&self) -> CommStats;
+    /// Push-sum mass sent and added so far.
+    fn push_sum_mass(&self) -> PushSumMass;
 }
 
 /// Exact push-sum average: drain what is in flight, then set every rank's

@@ -2,15 +2,19 @@
 //!
 //! Deterministic by construction: a push-sum share sent in round `r` is added
 //! by its receiver exactly in round `r + s` (the staleness bound, the worst
-//! delay OSGP allows), shares are added in `(round, sender)` order, and
-//! all-reduce sums in rank order. The same seed therefore gives the same bits.
+//! delay OSGP allows; see [`crate::ledger`]), shares are added in
+//! `(round, sender)` order, and all-reduce sums in the ring's order. The same
+//! seed therefore gives the same bits.
+//!
+//! Delivery is synchronous: a share is in its receiver's inbox when `send`
+//! returns. When it arrives in the model's time is what [`Arrival`] says.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::ledger::{Inbox, Ledger, Mixing, Waiting};
 use crate::{
-    CommError, CommStats, Communicator, PushSumRound, Rank, push_sum_share, segment,
+    CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank, push_sum_share, segment,
     sum_scalars_in_rank_order, sum_segment_in_ring_order,
 };
 
@@ -19,15 +23,49 @@ fn message_bytes(len: usize) -> u64 {
     4 * len as u64 + 8
 }
 
-struct Share {
-    round: u64,
-    from: Rank,
-    x: Vec<f32>,
-    w: f64,
+/// When a share counts as arrived for [`Communicator::shares_arrived`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Arrival {
+    /// Every worker moves at the same pace over a network without latency:
+    /// a share its sender has reached is there, even if the sender's thread
+    /// has not been scheduled yet, so `shares_arrived` waits for it (the
+    /// timeout still names a silent peer). The answer does not depend on
+    /// thread scheduling: background gossip starts a round every step and
+    /// the simulator stays deterministic.
+    #[default]
+    Lockstep,
+    /// A share has arrived once its sender's thread sent it, and
+    /// `shares_arrived` answers at once. Background gossip then really runs
+    /// at each worker's pace, and the result depends on thread scheduling.
+    AsSent,
 }
 
-/// One contribution to a collective: a vector and a scalar.
-type Contribution = (Vec<f32>, f64);
+/// One rank's contribution to a collective.
+enum Contribution {
+    /// All-reduce and barrier: a vector and a scalar.
+    Floats(Vec<f32>, f64),
+    /// All-gather of exact words.
+    Words(Vec<u64>),
+}
+
+/// The ranks' float contributions, or an error if some rank is in another
+/// kind of collective (the ranks called collectives in different orders).
+fn floats(all: &[Contribution]) -> Result<Vec<(&[f32], f64)>, CommError> {
+    all.iter()
+        .enumerate()
+        .map(|(rank, c)| match c {
+            Contribution::Floats(v, s) => Ok((v.as_slice(), *s)),
+            Contribution::Words(_) => Err(out_of_order(rank)),
+        })
+        .collect()
+}
+
+fn out_of_order(rank: Rank) -> CommError {
+    CommError::Other(format!(
+        "rank {rank} was in another kind of collective: the ranks called collectives in \
+         different orders"
+    ))
+}
 
 #[derive(Default)]
 struct Reduce {
@@ -40,7 +78,8 @@ struct Reduce {
 struct Shared {
     size: usize,
     timeout: Duration,
-    mailboxes: Vec<(Mutex<Vec<Share>>, Condvar)>,
+    arrival: Arrival,
+    inboxes: Vec<Inbox<Vec<f32>>>,
     reduce: Mutex<Reduce>,
     reduce_done: Condvar,
 }
@@ -49,16 +88,22 @@ struct Shared {
 pub struct MemoryNetwork;
 
 impl MemoryNetwork {
-    /// One communicator per rank. `timeout` bounds every wait; a rank that
-    /// waits longer reports the silent peer.
+    /// One communicator per rank, with the [`Arrival::Lockstep`] model.
+    /// `timeout` bounds every wait; a rank that waits longer reports the
+    /// silent peer.
     #[allow(clippy::new_ret_no_self)] // a network is only its communicators
     pub fn new(size: usize, timeout: Duration) -> Vec<MemoryComm> {
+        Self::with_arrival(size, timeout, Arrival::Lockstep)
+    }
+
+    /// One communicator per rank, with the given arrival model.
+    pub fn with_arrival(size: usize, timeout: Duration, arrival: Arrival) -> Vec<MemoryComm> {
         let shared = Arc::new(Shared {
             size,
             timeout,
-            mailboxes: (0..size)
-                .map(|_| (Mutex::new(Vec::new()), Condvar::new()))
-                .collect(),
+            arrival,
+            // In-process senders are trusted and never resend: no window.
+            inboxes: (0..size).map(|_| Inbox::new(u64::MAX)).collect(),
             reduce: Mutex::new(Reduce {
                 slots: (0..size).map(|_| None).collect(),
                 ..Reduce::default()
@@ -69,7 +114,7 @@ impl MemoryNetwork {
             .map(|rank| MemoryComm {
                 rank,
                 shared: shared.clone(),
-                expected: BTreeMap::new(),
+                ledger: Ledger::new(Mixing::Due),
                 stats: CommStats::default(),
                 len: None,
             })
@@ -81,8 +126,7 @@ impl MemoryNetwork {
 pub struct MemoryComm {
     rank: Rank,
     shared: Arc<Shared>,
-    /// Round -> senders whose share of that round has not been added yet.
-    expected: BTreeMap<u64, Vec<Rank>>,
+    ledger: Ledger,
     stats: CommStats,
     len: Option<usize>,
 }
@@ -90,6 +134,20 @@ pub struct MemoryComm {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A worker thread that panicked poisons nothing we cannot still read.
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn worker_name(rank: Rank) -> String {
+    format!("worker-{rank}")
+}
+
+/// Runs `f` with waits that give up `timeout` after they began.
+fn waiting<R>(timeout: Duration, f: impl FnOnce(&Waiting<'_>) -> R) -> R {
+    let deadline = move |_: Rank, started: Instant| started + timeout;
+    f(&Waiting {
+        timeout,
+        deadline: &deadline,
+        peer_name: &worker_name,
+    })
 }
 
 impl MemoryComm {
@@ -104,105 +162,53 @@ impl MemoryComm {
         }
     }
 
-    /// Adds every expected share of rounds `<= up_to`, waiting for missing ones.
+    /// Adds the due shares, waiting for those of rounds `<= wait_up_to`.
     fn collect(
         &mut self,
-        up_to: u64,
+        wait_up_to: Option<u64>,
         x: &mut [f32],
         w: &mut f64,
         operation: &'static str,
     ) -> Result<(), CommError> {
-        let rounds: Vec<u64> = self.expected.range(..=up_to).map(|(r, _)| *r).collect();
-        if rounds.is_empty() {
-            return Ok(());
-        }
-        let (mailbox, arrived) = &self.shared.mailboxes[self.rank];
-        let deadline = Instant::now() + self.shared.timeout;
-        let mut inbox = lock(mailbox);
-        loop {
-            let complete = rounds.iter().all(|r| {
-                self.expected[r]
-                    .iter()
-                    .all(|from| inbox.iter().any(|s| s.round == *r && s.from == *from))
-            });
-            if complete {
-                break;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                let (round, peer) = rounds
-                    .iter()
-                    .find_map(|r| {
-                        self.expected[r]
-                            .iter()
-                            .find(|from| !inbox.iter().any(|s| s.round == *r && s.from == **from))
-                            .map(|p| (*r, *p))
-                    })
-                    .expect("incomplete implies a missing share");
-                return Err(CommError::PeerTimeout {
-                    peer: format!("worker-{peer}"),
-                    rank: peer,
-                    round,
-                    operation,
-                    timeout: self.shared.timeout,
-                });
-            }
-            inbox = arrived
-                .wait_timeout(inbox, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        let mut taken: Vec<Share> = Vec::new();
-        let mut i = 0;
-        while i < inbox.len() {
-            if inbox[i].round <= up_to {
-                taken.push(inbox.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
-        drop(inbox);
-        taken.sort_by_key(|s| (s.round, s.from));
-        for share in taken {
-            for (a, b) in x.iter_mut().zip(&share.x) {
-                *a += *b;
-            }
-            *w += share.w;
-            self.stats.messages_received += 1;
-            self.stats.bytes_received += message_bytes(share.x.len());
-        }
-        for r in rounds {
-            self.expected.remove(&r);
-        }
+        let before = self.ledger.mass().shares_added;
+        let shared = self.shared.clone();
+        let inbox = &shared.inboxes[self.rank];
+        let ledger = &mut self.ledger;
+        waiting(shared.timeout, |waiting| {
+            ledger.collect(inbox, waiting, wait_up_to, x, w, operation, &mut drop)
+        })?;
+        let added = self.ledger.mass().shares_added - before;
+        self.stats.messages_received += added;
+        self.stats.bytes_received += added * message_bytes(x.len());
         Ok(())
     }
 
-    /// Puts a share of round `round` into `peer`'s mailbox.
-    fn send_share(&mut self, peer: Rank, round: u64, x: Vec<f32>, w: f64) {
+    /// Puts a share of round `round` into `peer`'s inbox.
+    fn send_share(&mut self, peer: Rank, round: u64, x: Vec<f32>, w: f64) -> Result<(), CommError> {
         let bytes = message_bytes(x.len());
-        let (mailbox, arrived) = &self.shared.mailboxes[peer];
-        lock(mailbox).push(Share {
-            round,
-            from: self.rank,
-            x,
-            w,
-        });
-        arrived.notify_all();
+        self.shared.inboxes[peer]
+            .deliver(round, self.rank, w, x)
+            .map_err(|refusal| {
+                CommError::Other(format!(
+                    "push-sum share of round {round} from rank {} to rank {peer} refused: {refusal}",
+                    self.rank
+                ))
+            })?;
         self.stats.messages_sent += 1;
         self.stats.bytes_sent += bytes;
+        Ok(())
     }
 
     /// Every rank's contribution, in rank order, once all have arrived.
     fn gather(
         &mut self,
-        values: Vec<f32>,
-        scalar: f64,
+        contribution: Contribution,
         operation: &'static str,
     ) -> Result<Arc<Vec<Contribution>>, CommError> {
         let shared = self.shared.clone();
         let mut state = lock(&shared.reduce);
         let generation = state.generation;
-        state.slots[self.rank] = Some((values, scalar));
+        state.slots[self.rank] = Some(contribution);
         state.arrived += 1;
         if state.arrived == shared.size {
             let all: Vec<Contribution> = state
@@ -258,6 +264,21 @@ impl Communicator for MemoryComm {
         w: &mut f64,
     ) -> Result<(), CommError> {
         self.check_len(x.len())?;
+        let size = self.shared.size;
+        if let Some(r) = round
+            .out_peers
+            .iter()
+            .chain(round.in_peers)
+            .find(|r| **r >= size || **r == self.rank)
+        {
+            return Err(CommError::Other(format!(
+                "push-sum round {}: peer rank {r} is ourselves or outside 0..{size}",
+                round.round
+            )));
+        }
+        let shared = self.shared.clone();
+        self.ledger
+            .begin(&shared.inboxes[self.rank], round.round, round.in_peers)?;
         let p = push_sum_share(round.out_peers.len());
         if let Some((&last, others)) = round.out_peers.split_last() {
             let pf = p as f32;
@@ -272,24 +293,32 @@ impl Communicator for MemoryComm {
             *w *= p;
             // Every peer but the last gets a copy; the last takes the share.
             for &peer in others {
-                self.send_share(peer, round.round, share.clone(), *w);
+                self.send_share(peer, round.round, share.clone(), *w)?;
             }
-            self.send_share(last, round.round, share, *w);
+            self.send_share(last, round.round, share, *w)?;
+            self.ledger.sent(round.out_peers.len(), *w);
         }
-        if !round.in_peers.is_empty() {
-            self.expected
-                .entry(round.round)
-                .or_default()
-                .extend_from_slice(round.in_peers);
-        }
-        match round.round.checked_sub(round.staleness) {
-            Some(up_to) => self.collect(up_to, x, w, "push-sum"),
-            None => Ok(()),
+        let wait = round.round.checked_sub(round.staleness);
+        self.collect(wait, x, w, "push-sum")
+    }
+
+    fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
+        let inbox = &self.shared.inboxes[self.rank];
+        match self.shared.arrival {
+            Arrival::AsSent => Ok(self.ledger.arrived(inbox, up_to)),
+            Arrival::Lockstep => {
+                let ledger = &self.ledger;
+                waiting(self.shared.timeout, |waiting| {
+                    ledger.wait_arrived(inbox, up_to, waiting, "background push-sum")
+                })?;
+                Ok(true)
+            }
         }
     }
 
     fn drain(&mut self, x: &mut [f32], w: &mut f64) -> Result<(), CommError> {
-        self.collect(u64::MAX, x, w, "drain")
+        self.check_len(x.len())?;
+        self.collect(Some(u64::MAX), x, w, "drain")
     }
 
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
@@ -299,7 +328,8 @@ impl Communicator for MemoryComm {
         // order of the network's reduce-scatter, so the bits are the same as
         // over the network and do not depend on scheduling), and the segments
         // are gathered.
-        let inputs = self.gather(buf.to_vec(), *scalar, "all-reduce")?;
+        let gathered = self.gather(Contribution::Floats(buf.to_vec(), *scalar), "all-reduce")?;
+        let inputs = floats(&gathered)?;
         // Every rank sees every length, so a mismatch fails them all alike.
         if let Some((v, _)) = inputs.iter().find(|(v, _)| v.len() != buf.len()) {
             return Err(CommError::ShapeMismatch {
@@ -309,13 +339,14 @@ impl Communicator for MemoryComm {
         }
         let len = buf.len();
         let mut part = vec![0f32; segment(len, size, self.rank).len()];
-        let views: Vec<&[f32]> = inputs.iter().map(|(v, _)| v.as_slice()).collect();
+        let views: Vec<&[f32]> = inputs.iter().map(|(v, _)| *v).collect();
         sum_segment_in_ring_order(&views, self.rank, &mut part);
         let total = sum_scalars_in_rank_order(inputs.iter().map(|(_, s)| *s));
         drop(views);
         drop(inputs);
-        let parts = self.gather(part, total, "all-reduce")?;
-        for (rank, (part, _)) in parts.iter().enumerate() {
+        drop(gathered);
+        let parts = self.gather(Contribution::Floats(part, total), "all-reduce")?;
+        for (rank, (part, _)) in floats(&parts)?.into_iter().enumerate() {
             buf[segment(len, size, rank)].copy_from_slice(part);
         }
         *scalar = total;
@@ -329,10 +360,33 @@ impl Communicator for MemoryComm {
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
-        self.gather(Vec::new(), 0.0, "barrier").map(drop)
+        let all = self.gather(Contribution::Floats(Vec::new(), 0.0), "barrier")?;
+        floats(&all).map(drop)
+    }
+
+    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
+        let all = self.gather(Contribution::Words(values.to_vec()), "all-gather")?;
+        let words = all
+            .iter()
+            .enumerate()
+            .map(|(rank, c)| match c {
+                Contribution::Words(v) => Ok(v.clone()),
+                Contribution::Floats(..) => Err(out_of_order(rank)),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // What a ring all-gather would move.
+        let others: u64 =
+            words.iter().map(|v| 8 * v.len() as u64).sum::<u64>() - 8 * values.len() as u64;
+        self.stats.bytes_sent += others;
+        self.stats.bytes_received += others;
+        Ok(words)
     }
 
     fn stats(&self) -> CommStats {
         self.stats
+    }
+
+    fn push_sum_mass(&self) -> PushSumMass {
+        self.ledger.mass()
     }
 }

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use slowmo_gossip::memory::MemoryNetwork;
-use slowmo_gossip::{CommError, Communicator, PushSumRound, exact_average};
+use slowmo_gossip::memory::{Arrival, MemoryNetwork};
+use slowmo_gossip::{CommError, Communicator, PushSumMass, PushSumRound, exact_average};
 use slowmo_topologies::{DirectedExponential, Topology};
 
 /// Runs `rounds` push-sum rounds (no gradient steps) on every worker and
@@ -176,5 +176,104 @@ fn a_silent_peer_is_named_in_the_timeout() {
     assert!(
         text.contains("rank 1") && text.contains("round 0") && text.contains("push-sum"),
         "{text}"
+    );
+}
+
+#[test]
+fn the_mass_sent_is_the_mass_added_after_a_drain() {
+    let m = 5;
+    let graph = DirectedExponential::new(m).unwrap();
+    let comms = MemoryNetwork::new(m, Duration::from_secs(30));
+    let masses: Vec<PushSumMass> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|mut c| {
+                let graph = graph.clone();
+                s.spawn(move || {
+                    let r = c.rank();
+                    let (mut x, mut w) = (vec![r as f32; 4], 1.0);
+                    for k in 0..9 {
+                        let (out, inn) = (graph.out_peers(r, k), graph.in_peers(r, k));
+                        let round = PushSumRound {
+                            round: k,
+                            out_peers: &out,
+                            in_peers: &inn,
+                            staleness: 2,
+                        };
+                        c.push_sum(&round, &mut x, &mut w).unwrap();
+                    }
+                    c.drain(&mut x, &mut w).unwrap();
+                    c.push_sum_mass()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let sent: u64 = masses.iter().map(|m| m.shares_sent).sum();
+    let added: u64 = masses.iter().map(|m| m.shares_added).sum();
+    assert_eq!((sent, added), (9 * m as u64, 9 * m as u64));
+    let weight_sent: f64 = masses.iter().map(|m| m.weight_sent).sum();
+    let weight_added: f64 = masses.iter().map(|m| m.weight_added).sum();
+    assert!(
+        (weight_sent - weight_added).abs() < 1e-12,
+        "{weight_sent} vs {weight_added}"
+    );
+}
+
+#[test]
+fn shares_arrived_tells_what_has_arrived_when_shares_count_as_sent() {
+    let mut comms = MemoryNetwork::with_arrival(2, Duration::from_secs(30), Arrival::AsSent);
+    let mut one = comms.pop().unwrap();
+    let mut zero = comms.pop().unwrap();
+    let (mut x, mut w) = (vec![1.0f32], 1.0);
+    let round = PushSumRound {
+        round: 0,
+        out_peers: &[1],
+        in_peers: &[1],
+        staleness: 1,
+    };
+    zero.push_sum(&round, &mut x, &mut w).unwrap();
+    assert!(!zero.shares_arrived(0).unwrap(), "rank 1 has sent nothing");
+    assert!(zero.shares_arrived(0).is_ok(), "asking never blocks");
+    let (mut y, mut v) = (vec![3.0f32], 1.0);
+    let back = PushSumRound {
+        round: 0,
+        out_peers: &[0],
+        in_peers: &[0],
+        staleness: 1,
+    };
+    one.push_sum(&back, &mut y, &mut v).unwrap();
+    assert!(zero.shares_arrived(0).unwrap());
+    assert!(one.shares_arrived(0).unwrap());
+    // Asking adds nothing; the drain does.
+    assert_eq!((x[0], w), (0.5, 0.5));
+    zero.drain(&mut x, &mut w).unwrap();
+    assert_eq!((x[0], w), (2.0, 1.0));
+}
+
+#[test]
+fn in_lockstep_shares_arrived_waits_for_the_share_and_names_a_silent_peer() {
+    let mut comms = MemoryNetwork::new(2, Duration::from_millis(100));
+    let _silent = comms.pop().unwrap();
+    let mut zero = comms.pop().unwrap();
+    let (mut x, mut w) = (vec![1.0f32], 1.0);
+    let round = PushSumRound {
+        round: 0,
+        out_peers: &[1],
+        in_peers: &[1],
+        staleness: 1,
+    };
+    zero.push_sum(&round, &mut x, &mut w).unwrap();
+    let err = zero.shares_arrived(0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CommError::PeerTimeout {
+                rank: 1,
+                round: 0,
+                ..
+            }
+        ),
+        "{err}"
     );
 }

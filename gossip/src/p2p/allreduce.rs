@@ -51,13 +51,42 @@ pub(crate) struct Ring<'a> {
 }
 
 impl Ring<'_> {
-    fn peer_timeout(&self, rank: Rank) -> CommError {
+    pub(super) fn peer_timeout(&self, rank: Rank) -> CommError {
         CommError::PeerTimeout {
             peer: self.view.members[rank].to_string(),
             rank,
             round: self.seq,
             operation: self.operation,
             timeout: self.shared.cfg.peer_timeout,
+        }
+    }
+
+    /// The error of a rank whose left neighbour sent a frame of another
+    /// kind of collective under our sequence number.
+    pub(super) fn other_collective(&self, left: Rank, kind: Kind) -> CommError {
+        CommError::Other(format!(
+            "{} {}: the left neighbour (rank {left}) sent a {kind:?} frame: the ranks called \
+             collectives in different orders",
+            self.operation, self.seq
+        ))
+    }
+
+    /// A header of this collective, located at 0 in a buffer of `len`.
+    pub(super) fn header(&self, kind: Kind, step: u32, len: u64, checksum: u64) -> Header {
+        Header {
+            version: WIRE_VERSION,
+            run_id: self.shared.cfg.run.run_id.clone(),
+            view: self.view.number,
+            sender: self.shared.local.to_string(),
+            round: self.seq,
+            kind,
+            dtype: DType::of(kind),
+            len,
+            weight: 0.0,
+            checksum,
+            step,
+            offset: 0,
+            total: len,
         }
     }
 
@@ -73,20 +102,16 @@ impl Ring<'_> {
         let slice = &buf[range.clone()];
         let (payload, sum) = encode_f32(slice, self.shared.pool.take(4 * slice.len()));
         let header = Header {
-            version: WIRE_VERSION,
-            run_id: self.shared.cfg.run.run_id.clone(),
-            view: self.view.number,
-            sender: self.shared.local.to_string(),
-            round: self.seq,
-            kind,
-            dtype: DType::F32,
-            len: range.len() as u64,
             weight: scalar,
-            checksum: sum,
-            step,
             offset: range.start as u64,
             total: total as u64,
+            ..self.header(kind, step, range.len() as u64, sum)
         };
+        self.send_frame(header, payload)
+    }
+
+    /// Queues one frame for the right neighbour.
+    pub(super) fn send_frame(&self, header: Header, payload: Vec<u8>) -> Result<(), CommError> {
         let msg = Outgoing {
             header: encode_header(&header),
             payload: Arc::new(payload),
@@ -135,6 +160,9 @@ impl Ring<'_> {
                 Err(_) => return Err(self.peer_timeout(left)),
             };
             let h = &msg.header;
+            if msg.from == left && h.round == self.seq && h.kind == Kind::Gather {
+                return Err(self.other_collective(left, h.kind));
+            }
             if msg.from == left && h.round == self.seq && h.total != total as u64 {
                 return Err(CommError::ShapeMismatch {
                     expected: total,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::{AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
 
+use super::payload::LeBytes;
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{
     ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, READY, ReadError, Reject,
@@ -106,12 +107,13 @@ async fn serve_one(
 ) -> Result<(), ReadError> {
     let (header, header_bytes) = read_header(stream).await?;
     let from = check_header(shared, view, &peer, &header, protocol).map_err(ReadError::Rejected)?;
-    let bytes = 4 * header.len;
+    // check_header capped the size.
+    let bytes = header.dtype.size() * header.len;
     if protocol == PUSH_SUM_PROTOCOL {
         shared
             .push_inbox
             .admit(header.round, from)
-            .map_err(ReadError::Rejected)?;
+            .map_err(|r| ReadError::Rejected(r.into()))?;
     }
     let buf = shared.pool.take(bytes as usize);
     let (payload, scan) =
@@ -121,8 +123,8 @@ async fn serve_one(
     if protocol == PUSH_SUM_PROTOCOL {
         shared
             .push_inbox
-            .deliver(header.round, from, header.weight, payload)
-            .map_err(ReadError::Rejected)?;
+            .deliver(header.round, from, header.weight, LeBytes(payload))
+            .map_err(|r| ReadError::Rejected(r.into()))?;
     } else {
         let msg = ReduceMsg {
             from,
@@ -172,13 +174,10 @@ pub(crate) fn check_header(
     let from = view
         .rank_of(peer)
         .ok_or(Reject::NotMember { view: view.number })?;
-    match h.dtype {
-        DType::F32 => {}
-    }
     let push = protocol == PUSH_SUM_PROTOCOL;
     let kind_fits = match h.kind {
         Kind::PushSum => push,
-        Kind::ReduceScatter | Kind::AllGather => !push,
+        Kind::ReduceScatter | Kind::AllGather | Kind::Gather => !push,
     };
     if !kind_fits {
         return Err(Reject::WrongKind {
@@ -186,7 +185,13 @@ pub(crate) fn check_header(
             protocol,
         });
     }
-    let announced = h.len.saturating_mul(4);
+    if h.dtype != DType::of(h.kind) {
+        return Err(Reject::WrongDType {
+            kind: h.kind,
+            dtype: h.dtype,
+        });
+    }
+    let announced = h.len.saturating_mul(h.dtype.size());
     if announced > shared.cfg.max_message_bytes {
         return Err(Reject::TooLarge {
             announced,
@@ -199,7 +204,16 @@ pub(crate) fn check_header(
             got: h.len,
         });
     }
-    if !push && h.offset.checked_add(h.len).is_none_or(|end| end > h.total) {
+    let members = view.members.len() as u64;
+    if h.kind == Kind::Gather && (h.offset >= members || h.total != members) {
+        return Err(Reject::MalformedHeader(format!(
+            "gather block of rank {} in a view of {} ranks (ours has {members})",
+            h.offset, h.total
+        )));
+    }
+    if matches!(h.kind, Kind::ReduceScatter | Kind::AllGather)
+        && h.offset.checked_add(h.len).is_none_or(|end| end > h.total)
+    {
         return Err(Reject::Layout {
             offset: h.offset,
             len: h.len,

@@ -8,8 +8,9 @@
 //!
 //! Protocols (`/slowmo/<name>/<major>`):
 //! - `membership/1`: join handshake and view agreement ([`membership`]);
-//! - `push-sum/1`: push-sum shares ([`push_sum`]);
-//! - `all-reduce/1`: ring all-reduce chunks, also the barrier ([`allreduce`]).
+//! - `push-sum/1`: push-sum shares (added by the [`crate::ledger`]);
+//! - `all-reduce/1`: ring all-reduce chunks, also the barrier ([`allreduce`]),
+//!   and the blocks of the typed collectives ([`gather`]).
 //!
 //! Tensor frames are a CBOR header and a raw little-endian payload
 //! ([`wire`]); every inbound frame is checked ([`inbound`]).
@@ -30,12 +31,12 @@
 mod allreduce;
 mod behaviour;
 mod config;
+mod gather;
 mod identity;
 mod inbound;
 mod links;
 mod membership;
 mod payload;
-mod push_sum;
 mod state;
 pub mod wire;
 
@@ -49,15 +50,15 @@ use tokio::sync::{mpsc, watch};
 
 pub use config::{P2pConfig, RunIdentity};
 
+use crate::ledger::{Ledger, Mixing, Waiting};
 use allreduce::Ring;
 use behaviour::{SwarmCmd, parse_addrs};
 use links::{Link, Outgoing};
 use membership::Membership;
-use push_sum::{CollectCtx, PushState};
 use state::{ReduceMsg, Shared, View, lock};
 use wire::{ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, WIRE_VERSION};
 
-use crate::{CommError, CommStats, Communicator, PushSumRound, Rank, push_sum_share};
+use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank, push_sum_share};
 
 /// Frames a push-sum link may queue before the training thread waits.
 const PUSH_QUEUE: usize = 16;
@@ -79,7 +80,7 @@ pub struct P2pComm {
     /// All-reduce link to the right ring neighbour.
     ring_link: Option<Link>,
     reduce_rx: mpsc::Receiver<ReduceMsg>,
-    push: PushState,
+    push: Ledger,
     /// All-reduce sequence number (also counts barriers).
     seq: u64,
 }
@@ -295,14 +296,21 @@ impl P2pComm {
             Some(peer) => shared.activity.deadline(peer, started, timeout),
             None => started + timeout,
         };
-        let ctx = CollectCtx {
-            inbox: &self.shared.push_inbox,
-            pool: &self.shared.pool,
+        let waiting = Waiting {
             timeout,
             deadline: &deadline,
             peer_name: &name,
         };
-        self.push.collect(&ctx, wait_up_to, x, w, op)
+        let pool = &self.shared.pool;
+        self.push.collect(
+            &self.shared.push_inbox,
+            &waiting,
+            wait_up_to,
+            x,
+            w,
+            op,
+            &mut |share| pool.give(share.0),
+        )
     }
 
     fn check_ranks(&self, round: u64, what: &str, ranks: &[Rank]) -> Result<(), CommError> {
@@ -315,21 +323,21 @@ impl P2pComm {
         }
     }
 
-    fn all_reduce(
+    /// Runs `f` on the ring of the next collective; `None` in a run of one.
+    fn on_ring<T>(
         &mut self,
-        buf: &mut [f32],
-        scalar: &mut f64,
         operation: &'static str,
-    ) -> Result<(), CommError> {
+        f: impl FnOnce(&mut Ring<'_>) -> Result<T, CommError>,
+    ) -> Result<Option<T>, CommError> {
         self.seq += 1;
         let rt = self
             .rt
             .as_ref()
             .ok_or_else(|| CommError::Closed("node stopped".into()))?;
         let Some(link) = &self.ring_link else {
-            return Ok(()); // a run of one: nothing to add
+            return Ok(None);
         };
-        Ring {
+        let mut ring = Ring {
             rt,
             shared: &self.shared,
             view: &self.view,
@@ -338,8 +346,19 @@ impl P2pComm {
             inbox: &mut self.reduce_rx,
             seq: self.seq,
             operation,
-        }
-        .run(buf, scalar)
+        };
+        f(&mut ring).map(Some)
+    }
+
+    fn all_reduce(
+        &mut self,
+        buf: &mut [f32],
+        scalar: &mut f64,
+        operation: &'static str,
+    ) -> Result<(), CommError> {
+        // A run of one has nothing to add.
+        self.on_ring(operation, |ring| ring.run(buf, scalar))
+            .map(drop)
     }
 }
 
@@ -431,7 +450,7 @@ impl PendingJoin {
             push_links,
             ring_link,
             reduce_rx: self.reduce_rx.take().expect("joined once"),
-            push: PushState::default(),
+            push: Ledger::new(Mixing::Arrived),
             seq: 0,
         })
     }
@@ -567,12 +586,10 @@ impl Communicator for P2pComm {
                     }
                 }
             }
+            self.push.sent(round.out_peers.len(), *w);
         }
         let wait = round.round.checked_sub(round.staleness);
-        match wait {
-            Some(up_to) => self.collect(Some(up_to), x, w, "push-sum"),
-            None => self.collect(None, x, w, "push-sum"),
-        }
+        self.collect(wait, x, w, "push-sum")
     }
 
     fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
@@ -598,7 +615,16 @@ impl Communicator for P2pComm {
         self.all_reduce(&mut [], &mut 0.0, "barrier")
     }
 
+    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
+        let gathered = self.on_ring("all-gather", |ring| ring.gather(values))?;
+        Ok(gathered.unwrap_or_else(|| vec![values.to_vec()]))
+    }
+
     fn stats(&self) -> CommStats {
         self.shared.counters.snapshot()
+    }
+
+    fn push_sum_mass(&self) -> PushSumMass {
+        self.push.mass()
     }
 }

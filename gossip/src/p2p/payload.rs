@@ -142,6 +142,20 @@ pub fn copy_bytes(dst: &mut [f32], payload: &[u8]) {
     }
 }
 
+/// A push-sum share as it came off the wire: `f32` LE bytes from the pool,
+/// added straight from the bytes.
+pub(crate) struct LeBytes(pub Vec<u8>);
+
+impl crate::ledger::SharePayload for LeBytes {
+    fn floats(&self) -> usize {
+        self.0.len() / 4
+    }
+
+    fn add_into(&self, x: &mut [f32]) {
+        add_bytes(x, &self.0);
+    }
+}
+
 /// Recycled payload buffers, bounded in count and bytes.
 pub(crate) struct BufferPool {
     free: Mutex<Vec<Vec<u8>>>,

@@ -10,9 +10,9 @@ use tokio::sync::{mpsc, watch};
 
 use super::behaviour::SwarmCmd;
 use super::config::P2pConfig;
-use super::payload::BufferPool;
-use super::push_sum::PushInbox;
+use super::payload::{BufferPool, LeBytes};
 use super::wire::{Header, Reject};
+use crate::ledger::Inbox;
 use crate::{CommStats, Rank};
 
 /// One membership view: who takes part, in rank order. Views are numbered so
@@ -113,7 +113,7 @@ pub(crate) struct Shared {
     pub activity: Activity,
     /// The current view, `None` until the join completes.
     pub view: watch::Receiver<Option<Arc<View>>>,
-    pub push_inbox: PushInbox,
+    pub push_inbox: Inbox<LeBytes>,
     /// Recycled payload buffers (a few messages' worth).
     pub pool: BufferPool,
     pub reduce_tx: mpsc::Sender<ReduceMsg>,
@@ -140,7 +140,7 @@ impl Shared {
         reduce_tx: mpsc::Sender<ReduceMsg>,
         swarm: mpsc::UnboundedSender<SwarmCmd>,
     ) -> Self {
-        let push_inbox = PushInbox::new(cfg.round_window);
+        let push_inbox = Inbox::new(cfg.round_window);
         let largest = 4 * cfg.payload_floats.max(cfg.chunk_floats);
         let pool = BufferPool::new(8, 4 * largest);
         Self {

@@ -1,7 +1,8 @@
 //! The tensor wire format shared by our stream protocols.
 //!
-//! A frame is `u32 LE header length`, a CBOR [`Header`], then `4 * len` bytes
-//! of little-endian `f32` payload written in chunks. The header says what the
+//! A frame is `u32 LE header length`, a CBOR [`Header`], then `len` elements
+//! of little-endian payload (`f32`, or `u64` for [`Kind::Gather`]) written in
+//! chunks. The header says what the
 //! payload is, so the receiver can refuse it before reading a byte of it; the
 //! checksum catches framing bugs (the transport already authenticates and
 //! encrypts every byte, so it is no MAC).
@@ -9,9 +10,10 @@
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use serde::{Deserialize, Serialize};
 
-/// Version of the frame layout and header fields; bumped on incompatible
-/// change, together with the protocol names' major version.
-pub const WIRE_VERSION: u16 = 1;
+/// Version of the frame layout and header fields, bumped on incompatible
+/// change. The join handshake compares it, so nodes of different versions
+/// never form a run. 2: [`Kind::Gather`] frames of [`DType::U64`].
+pub const WIRE_VERSION: u16 = 2;
 /// Push-sum shares.
 pub const PUSH_SUM_PROTOCOL: &str = "/slowmo/push-sum/1";
 /// Ring all-reduce chunks (also the barrier).
@@ -39,14 +41,37 @@ pub enum Kind {
     ReduceScatter,
     /// An all-gather chunk (fully reduced values), laid out as above.
     AllGather,
+    /// A block of exact `u64` words of a typed collective: `offset` is the
+    /// rank whose values it carries, `total` the view's size, `step` the ring
+    /// step; `weight` is 0.
+    Gather,
 }
 
-/// Element type of the payload. Only `f32` exists today; the field is there
-/// so that adding `bf16` is not a wire break.
+/// Element type of the payload: `f32` for tensors, `u64` for the words of
+/// a typed collective (an `f64` travels as its bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
     F32,
+    U64,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::U64 => 8,
+        }
+    }
+
+    /// The element type frames of `kind` carry.
+    pub fn of(kind: Kind) -> Self {
+        match kind {
+            Kind::PushSum | Kind::ReduceScatter | Kind::AllGather => DType::F32,
+            Kind::Gather => DType::U64,
+        }
+    }
 }
 
 /// The CBOR header in front of every payload.
@@ -93,6 +118,8 @@ pub enum Reject {
     NotMember { view: u64 },
     #[error("{kind:?} frame on protocol {protocol}")]
     WrongKind { kind: Kind, protocol: &'static str },
+    #[error("{kind:?} frame of dtype {dtype:?}")]
+    WrongDType { kind: Kind, dtype: DType },
     #[error("payload of {got} floats where the run exchanges {expected}")]
     Shape { expected: u64, got: u64 },
     #[error("chunk of {len} floats at offset {offset} does not fit a buffer of {total}")]
@@ -113,6 +140,27 @@ pub enum Reject {
     Checksum { announced: u64, actual: u64 },
     #[error("weight {0} is not a finite number")]
     Weight(f64),
+}
+
+impl From<crate::ledger::Refusal> for Reject {
+    fn from(r: crate::ledger::Refusal) -> Self {
+        use crate::ledger::Refusal;
+        match r {
+            Refusal::Duplicate { round } => Reject::Duplicate { round },
+            Refusal::RoundWindow {
+                round,
+                ours,
+                window,
+            } => Reject::RoundWindow {
+                round,
+                ours,
+                window,
+            },
+            Refusal::TooManyBuffered { buffered, limit } => {
+                Reject::TooManyBuffered { buffered, limit }
+            }
+        }
+    }
 }
 
 /// Why reading a frame stopped.
@@ -239,7 +287,8 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
 /// Finiteness and checksum of a payload read for `header`, from the scan
 /// made while reading it.
 pub fn check_payload(header: &Header, payload: &[u8], scan: &Scan) -> Result<(), Reject> {
-    if scan.non_finite()
+    if header.dtype == DType::F32
+        && scan.non_finite()
         && let Some((index, value)) = first_non_finite(payload)
     {
         return Err(Reject::NonFinite { index, value });

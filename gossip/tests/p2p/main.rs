@@ -2,6 +2,7 @@
 //! libp2p is linked once).
 
 mod all_reduce;
+mod collectives;
 mod common;
 mod join;
 mod push_sum;

@@ -115,6 +115,33 @@ fn bad_frames_are_dropped_counted_and_the_node_keeps_working() {
         ALL_REDUCE_PROTOCOL,
         frame(&header(&me, N as u64, &good), &good),
     ));
+    let words: Vec<u8> = [1u64, u64::MAX]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let gather = |dtype, origin, total| Header {
+        kind: Kind::Gather,
+        dtype,
+        offset: origin,
+        total,
+        weight: 0.0,
+        ..header(&me, 2, &words)
+    };
+    bad.push((
+        "gather block of f32",
+        ALL_REDUCE_PROTOCOL,
+        frame(&gather(DType::F32, 1, 2), &words),
+    ));
+    bad.push((
+        "gather block of a rank outside the view",
+        ALL_REDUCE_PROTOCOL,
+        frame(&gather(DType::U64, 2, 2), &words),
+    ));
+    bad.push((
+        "gather block on the push-sum protocol",
+        PUSH_SUM_PROTOCOL,
+        frame(&gather(DType::U64, 1, 2), &words),
+    ));
 
     for (k, (what, protocol, bytes)) in bad.iter().enumerate() {
         attacker

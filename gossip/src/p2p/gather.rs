@@ -1,0 +1,130 @@
+//! All-gather of a few exact words round the ring: the transport under the
+//! typed collectives ([`crate::ReduceOp`]). In `m - 1` steps every rank
+//! passes on the block it received last, so every rank ends with every
+//! rank's values, bit for bit; nothing travels as `f32`.
+//!
+//! A block is one [`Kind::Gather`] frame of `u64` LE words: `step` is the
+//! ring step, `offset` the rank whose values it carries, `total` the view's
+//! size. Blocks of any length are passed on, so that ranks that disagree on
+//! the length all finish and all report it (see [`crate::collectives`]).
+
+use std::time::Instant;
+
+use super::allreduce::Ring;
+use super::block_on_active;
+use super::state::ReduceMsg;
+use super::wire::{ALL_REDUCE_PROTOCOL, Header, Kind, Reject, checksum};
+use crate::{CommError, Rank};
+
+/// `values` as little-endian bytes.
+pub(crate) fn u64_to_bytes(values: &[u64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn bytes_to_u64(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|w| u64::from_le_bytes(w.try_into().expect("chunks of 8")))
+        .collect()
+}
+
+impl Ring<'_> {
+    /// Every rank's `values` in rank order.
+    pub fn gather(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
+        let m = self.view.members.len();
+        let bytes = 8 * values.len() as u64;
+        if bytes > self.shared.cfg.max_message_bytes {
+            return Err(CommError::Other(format!(
+                "{} of {} values: {bytes} bytes exceed the message cap of {} bytes",
+                self.operation,
+                values.len(),
+                self.shared.cfg.max_message_bytes
+            )));
+        }
+        let mut blocks: Vec<Option<Vec<u64>>> = vec![None; m];
+        blocks[self.rank] = Some(values.to_vec());
+        for step in 0..m.saturating_sub(1) {
+            let send_origin = (self.rank + m - step) % m;
+            let payload = u64_to_bytes(blocks[send_origin].as_deref().unwrap_or_default());
+            let sum = checksum(&payload);
+            let len = payload.len() as u64 / 8;
+            let header = Header {
+                offset: send_origin as u64,
+                total: m as u64,
+                ..self.header(Kind::Gather, step as u32, len, sum)
+            };
+            self.send_frame(header, payload)?;
+            let recv_origin = (self.rank + 2 * m - step - 1) % m;
+            let msg = self.recv_block(step as u32, recv_origin)?;
+            blocks[recv_origin] = Some(bytes_to_u64(&msg.payload));
+        }
+        Ok(blocks.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    /// Waits for the block of rank `origin` at ring step `step` from the
+    /// left neighbour; frames that do not fit are dropped and counted, and
+    /// one of another collective at our sequence number is an error.
+    fn recv_block(&mut self, step: u32, origin: Rank) -> Result<ReduceMsg, CommError> {
+        let m = self.view.members.len();
+        let left = (self.rank + m - 1) % m;
+        let left_peer = self.view.members[left];
+        let started = Instant::now();
+        let wait = self.shared.cfg.peer_timeout;
+        loop {
+            let got = block_on_active(
+                self.rt,
+                self.shared,
+                &left_peer,
+                started,
+                wait,
+                self.inbox.recv(),
+            );
+            let msg = match got {
+                Ok(Some(msg)) => msg,
+                Ok(None) => return Err(CommError::Closed("all-reduce inbox closed".into())),
+                Err(_) => return Err(self.peer_timeout(left)),
+            };
+            let h = &msg.header;
+            if msg.from == left && h.round == self.seq && h.kind != Kind::Gather {
+                return Err(self.other_collective(left, h.kind));
+            }
+            let reason = if msg.from != left {
+                Some(format!(
+                    "gather block from rank {}, expected the left neighbour {left}",
+                    msg.from
+                ))
+            } else if h.round != self.seq || h.step != step || h.offset != origin as u64 {
+                Some(format!(
+                    "gather block of rank {} in collective {} step {}, expected rank {origin} in \
+                     {} step {step}",
+                    h.offset, h.round, h.step, self.seq
+                ))
+            } else {
+                None
+            };
+            match reason {
+                None => return Ok(msg),
+                Some(reason) => {
+                    let peer = self.view.members[msg.from];
+                    self.shared.reject(
+                        &peer,
+                        ALL_REDUCE_PROTOCOL,
+                        &Reject::MalformedHeader(reason),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_round_trip_through_bytes() {
+        let v = [0, 1, u64::MAX, 0x0123_4567_89ab_cdef, f64::NAN.to_bits()];
+        assert_eq!(bytes_to_u64(&u64_to_bytes(&v)), v);
+        assert_eq!(u64_to_bytes(&[1]), [1, 0, 0, 0, 0, 0, 0, 0]);
+    }
+}
