@@ -7,6 +7,7 @@
 //! and their push-sum weights.
 
 pub mod memory;
+pub mod simnet;
 
 use std::time::Duration;
 
