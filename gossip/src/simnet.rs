@@ -12,14 +12,14 @@
 //!   time (each worker's clock, each message's arrival), with waits that
 //!   give the same answer however the threads are scheduled.
 //!
-//! How a worker uses them, per base step `k` at virtual time `t` (its clock):
-//! 1. `t += net.step_time(rank, k)`; `board.advance(rank, t)`;
-//! 2. for each message: `board.send(&mut out_links, message, k)`;
-//! 3. a share it must have: `board.wait_arrival(key)` (advances its clock to
-//!    the arrival); a share it may use if already there:
-//!    `board.arrived_by(key)` (asks "by my clock?");
-//! 4. when it stops (end of run, or `net.is_crashed(rank, k)`):
-//!    `board.finish(rank)`.
+//! How a worker uses them (`net: SimNetwork`, `board: ClockBoard` shared,
+//! `out = net.out_links(rank)` its own), for each base step `k`:
+//! 1. if `net.is_crashed(rank, k)`: `board.finish(rank)` and stop;
+//! 2. `board.advance(rank, board.clock(rank) + net.step_time(rank, k))`;
+//! 3. each message: `board.send(&mut out, message, k)` (sent at its clock);
+//! 4. a message it must have: `board.wait_arrival(key)` (its clock moves to
+//!    the arrival); one it takes only if already there: `board.arrived_by(key)`;
+//! 5. at the end of its run: `board.finish(rank)`.
 
 mod clock;
 mod profile;

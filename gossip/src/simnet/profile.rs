@@ -155,18 +155,18 @@ struct RawProfile {
 struct RawNode {
     #[serde(alias = "slowdown")]
     cpu_slowdown: Option<f64>,
-    delay: Option<String>,
-    jitter: Option<String>,
-    rate: Option<String>,
+    delay: Option<WithUnit>,
+    jitter: Option<WithUnit>,
+    rate: Option<WithUnit>,
     loss: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLink {
-    delay: Option<String>,
-    jitter: Option<String>,
-    rate: Option<String>,
+    delay: Option<WithUnit>,
+    jitter: Option<WithUnit>,
+    rate: Option<WithUnit>,
     loss: Option<f64>,
 }
 
@@ -180,6 +180,27 @@ struct RawFault {
     groups: Option<Vec<Vec<Rank>>>,
     from_step: Option<u64>,
     to_step: Option<u64>,
+}
+
+/// A quoted quantity with a unit (`"5ms"`, `"20mbit"`); a bare number is
+/// refused with that hint rather than serde's "expected a string".
+#[derive(Debug, Clone)]
+struct WithUnit(String);
+
+impl<'de> Deserialize<'de> for WithUnit {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = WithUnit;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a quoted number with a unit, such as \"5ms\" or \"20mbit\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<WithUnit, E> {
+                Ok(WithUnit(text.to_string()))
+            }
+        }
+        deserializer.deserialize_str(Visitor)
+    }
 }
 
 /// Parses a duration such as `"5ms"` into seconds.
@@ -256,6 +277,10 @@ impl NetworkProfile {
             profile: name.to_string(),
             message: e.to_string(),
         })?;
+        Self::from_raw(name, raw)
+    }
+
+    fn from_raw(name: &str, raw: RawProfile) -> Result<Self, NetworkProfileError> {
         let invalid = |key: &str, message: &str| invalid(name, key, message);
         if !(raw.compute_ms.is_finite() && raw.compute_ms >= 0.0) {
             return Err(invalid(
@@ -368,6 +393,14 @@ impl NetworkProfile {
     }
 }
 
+/// A profile embedded in a larger TOML document (errors call it `inline`).
+impl<'de> Deserialize<'de> for NetworkProfile {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = RawProfile::deserialize(deserializer)?;
+        NetworkProfile::from_raw("inline", raw).map_err(serde::de::Error::custom)
+    }
+}
+
 fn invalid(profile: &str, key: &str, message: &str) -> NetworkProfileError {
     NetworkProfileError::Invalid {
         profile: profile.to_string(),
@@ -382,9 +415,9 @@ fn node_settings(
     raw: &RawNode,
 ) -> Result<NodeSettings, NetworkProfileError> {
     let key = |field: &str| format!("{path}.{field}");
-    let parsed = |field: &str, text: &Option<String>, parse: fn(&str) -> Result<f64, String>| {
-        text.as_deref()
-            .map(parse)
+    let parsed = |field: &str, text: &Option<WithUnit>, parse: fn(&str) -> Result<f64, String>| {
+        text.as_ref()
+            .map(|t| parse(&t.0))
             .transpose()
             .map_err(|message| invalid(profile, &key(field), &message))
     };

@@ -118,7 +118,7 @@ fn parse_errors_name_the_key() {
     let bodies = [
         ("speed = 3", "speed"),
         ("[default]\ndelay = \"5 parsecs\"", "default.delay"),
-        ("[default]\ndelay = 5", "delay"),
+        ("[default]\ndelay = 5", "\"5ms\""),
         ("[default]\njitter = \"-1ms\"", "default.jitter"),
         ("[default]\nrate = \"20mbps\"", "default.rate"),
         ("[default]\nloss = 1.0", "default.loss"),
@@ -238,4 +238,19 @@ fn files_are_named_in_errors() {
     std::fs::write(&path, EXAMPLE).unwrap();
     let p = NetworkProfile::from_file(&path).unwrap();
     assert_eq!(p.name, path.display().to_string());
+}
+
+#[test]
+fn a_profile_embeds_in_a_larger_toml_document() {
+    #[derive(Debug, serde::Deserialize)]
+    struct Run {
+        network: NetworkProfile,
+    }
+    let run: Run =
+        toml::from_str("[network]\ncompute_ms = 3\n[network.node.1]\nslowdown = 2").unwrap();
+    assert_eq!(run.network.node(1).cpu_slowdown, Some(2.0));
+    let err = toml::from_str::<Run>("[network]\ncompute_ms = 3\n[network.default]\nloss = 7")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("default.loss"), "{err}");
 }
