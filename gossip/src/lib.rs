@@ -9,6 +9,7 @@
 mod collectives;
 mod ledger;
 pub mod memory;
+pub mod simnet;
 
 pub use collectives::ReduceOp;
 
