@@ -2,7 +2,7 @@
 //! machine in `optim` asks for, done by the protocol layer in `gossip` with
 //! this round's peers from `topologies`.
 
-use slowmo_gossip::{CommError, Communicator, PushSumRound, exact_average};
+use slowmo_gossip::{CommError, Communicator, PushSumRound, ReduceOp, exact_average};
 use slowmo_optim::{Exchange, PushSum};
 use slowmo_topologies::Topology;
 
@@ -28,28 +28,6 @@ pub(crate) fn l2_distance(a: &[f32], b: &[f32]) -> f64 {
         })
         .sum::<f64>()
         .sqrt()
-}
-
-/// Every worker's `count`, in rank order (collective).
-pub fn gather_counts(comm: &mut dyn Communicator, count: u64) -> Result<Vec<u64>, CommError> {
-    // Counts travel as two exact 24-bit halves of an f32.
-    const HALF: u64 = 1 << 24;
-    if count >= HALF * HALF {
-        return Err(CommError::Other(format!(
-            "{count}: more than a count over workers can carry"
-        )));
-    }
-    let m = comm.world_size();
-    let rank = comm.rank();
-    let mut counts = vec![0f32; 2 * m];
-    counts[2 * rank] = (count / HALF) as f32;
-    counts[2 * rank + 1] = (count % HALF) as f32;
-    let mut unused = 0.0;
-    comm.all_reduce_sum(&mut counts, &mut unused)?;
-    Ok(counts
-        .chunks_exact(2)
-        .map(|c| c[0] as u64 * HALF + c[1] as u64)
-        .collect())
 }
 
 /// A worker's communicator and graph, as the outer loop's exchange.
@@ -124,10 +102,9 @@ impl Exchange for CommExchange<'_> {
     }
 
     fn max_rounds(&mut self, rounds: u64) -> Result<u64, CommError> {
-        Ok(*gather_counts(&mut *self.comm, rounds)?
-            .iter()
-            .max()
-            .unwrap_or(&0))
+        let mut v = [rounds];
+        self.comm.all_reduce_u64(&mut v, ReduceOp::Max)?;
+        Ok(v[0])
     }
 
     fn drain(&mut self, state: &mut PushSum) -> Result<(), CommError> {

@@ -15,7 +15,6 @@ use slowmo_gossip::{CommStats, Communicator};
 use crate::checkpoint::{self, Checkpoint, CheckpointArgs, Identity};
 use crate::config::{RunConfig, TrainOptions};
 use crate::data;
-use crate::exchange::gather_counts;
 use crate::metrics::{MetricsWriter, Progress};
 use crate::model::ParamSpec;
 use crate::simulate::{build_model, load_dataset};
@@ -175,7 +174,7 @@ fn agree_on_checkpoint(
     }
     // Steps travel as step + 1, so that 0 says "none".
     let mine = newest.as_ref().map_or(0, |c| c.state.steps + 1);
-    let all = gather_counts(comm, mine)?;
+    let all: Vec<u64> = comm.all_gather_u64(&[mine])?.concat();
     let common = *all.iter().min().unwrap_or(&0);
     if common == 0 {
         let without: Vec<String> = (0..all.len())
@@ -203,7 +202,7 @@ fn agree_on_checkpoint(
                 }
             }),
     };
-    let ok = gather_counts(comm, u64::from(found.is_ok()))?;
+    let ok: Vec<u64> = comm.all_gather_u64(&[u64::from(found.is_ok())])?.concat();
     if let Some(r) = ok.iter().position(|v| *v == 0) {
         return Err(found.err().unwrap_or_else(|| {
             anyhow::anyhow!("rank {r} cannot load the checkpoint of step {step}")
