@@ -2,7 +2,7 @@
 //!
 //! Deterministic by construction: a push-sum share sent in round `r` is added
 //! by its receiver exactly in round `r + s` (the staleness bound, the worst
-//! delay OSGP allows; see [`crate::ledger`]), shares are added in
+//! delay OSGP allows; see the `ledger` module), shares are added in
 //! `(round, sender)` order, and all-reduce sums in the ring's order. The same
 //! seed therefore gives the same bits.
 //!

@@ -8,7 +8,7 @@
 //!
 //! Protocols (`/slowmo/<name>/<major>`):
 //! - `membership/1`: join handshake and view agreement ([`membership`]);
-//! - `push-sum/1`: push-sum shares (added by the [`crate::ledger`]);
+//! - `push-sum/1`: push-sum shares (added by the crate's push-sum ledger);
 //! - `all-reduce/1`: ring all-reduce chunks, also the barrier ([`allreduce`]),
 //!   and the blocks of the typed collectives ([`gather`]).
 //!
