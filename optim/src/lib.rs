@@ -9,6 +9,7 @@
 //! [`Preset`] maps the named algorithms of the paper onto these settings.
 
 pub mod error;
+mod named;
 pub mod optimizer;
 pub mod preset;
 pub mod push_sum;
