@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde::Serialize;
 use slowmo_gossip::memory::MemoryNetwork;
 
-use crate::config::{RunConfig, TrainOptions};
+use crate::config::{ConfigArgs, RunConfig};
 use crate::data::{self, Dataset};
 use crate::model::Model;
 use crate::train::{StepRecord, WorkerOutcome, WorkerSetup, run_worker};
@@ -17,11 +17,8 @@ use crate::train::{StepRecord, WorkerOutcome, WorkerSetup, run_worker};
 /// Arguments of `slowmo simulate`.
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
-    /// TOML file with training settings (flags override it).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub train: TrainOptions,
+    pub config: ConfigArgs,
     /// Write the summary as JSON to this file.
     #[arg(long)]
     pub summary_json: Option<PathBuf>,
@@ -201,11 +198,7 @@ pub fn simulate(
 
 /// `slowmo simulate`.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
-    let file = match &args.config {
-        Some(path) => TrainOptions::from_file(path)?,
-        None => TrainOptions::default(),
-    };
-    let config = file.overlaid(&args.train).resolve()?;
+    let config = args.config.resolve()?;
     let quiet = args.quiet;
     if !quiet {
         println!(
