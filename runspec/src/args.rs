@@ -24,7 +24,7 @@ impl ConfigArgs {
     /// defaults; for commands that set some options themselves.
     pub fn options(&self) -> Result<TrainOptions, ConfigError> {
         match &self.config {
-            Some(path) => Ok(TrainOptions::from_file(path)?.overlaid(&self.train)),
+            Some(path) => TrainOptions::from_file(path)?.overlaid(&self.train),
             None => Ok(self.train.clone()),
         }
     }

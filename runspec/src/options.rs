@@ -255,24 +255,23 @@ impl TrainOptions {
 
     /// The settings as TOML text, readable by [`TrainOptions::from_toml`].
     pub fn to_toml(&self) -> Result<String, ConfigError> {
-        toml::to_string(self).map_err(|e| ConfigError::NotToml(e.to_string()))
+        Ok(self.to_table()?.to_string())
     }
 
     /// The fields that are set, by their config key.
-    pub fn to_keys(&self) -> serde_json::Map<String, serde_json::Value> {
-        match serde_json::to_value(self) {
-            Ok(serde_json::Value::Object(keys)) => keys,
-            _ => unreachable!("training options serialise to a JSON object"),
-        }
+    pub fn to_table(&self) -> Result<toml::Table, ConfigError> {
+        toml::Table::try_from(self).map_err(|e| ConfigError::NotToml(e.to_string()))
     }
 
     /// `self` with every field that `over` sets replaced. Goes through the
-    /// fields' config keys, so no field can be left out of the overlay.
-    pub fn overlaid(&self, over: &TrainOptions) -> Self {
-        let mut merged = self.to_keys();
-        merged.extend(over.to_keys());
-        serde_json::from_value(serde_json::Value::Object(merged))
-            .expect("the keys of valid training options form valid training options")
+    /// fields' config keys, so no field can be left out of the overlay, and
+    /// through TOML, so what it gives can be written to a run file.
+    pub fn overlaid(&self, over: &TrainOptions) -> Result<Self, ConfigError> {
+        let mut merged = self.to_table()?;
+        merged.extend(over.to_table()?);
+        toml::Value::Table(merged)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::NotToml(e.to_string()))
     }
 }
 
@@ -357,7 +356,7 @@ seed = 3
         let flags = Cli::try_parse_from(std::iter::once("slowmo").chain(FLAGS.iter().copied()))
             .unwrap()
             .train;
-        let (file_keys, flag_keys) = (file.to_keys(), flags.to_keys());
+        let (file_keys, flag_keys) = (file.to_table().unwrap(), flags.to_table().unwrap());
         // Every option is a flag and a config key of the same name, and this
         // test sets each one, so a new option cannot escape it.
         let command = TrainOptions::augment_args(clap::Command::new("slowmo"));
@@ -370,13 +369,15 @@ seed = 3
             let (a, b) = (&file_keys[id.as_str()], &flag_keys[id.as_str()]);
             assert_ne!(a, b, "`{id}`: give the file and the flags different values");
         }
-        assert_eq!(file.overlaid(&flags).to_keys(), flag_keys);
+        assert_eq!(
+            file.overlaid(&flags).unwrap().to_table().unwrap(),
+            flag_keys
+        );
         for id in &ids {
             let mut some_flags = flag_keys.clone();
             some_flags.remove(id.as_str());
-            let some_flags: TrainOptions =
-                serde_json::from_value(serde_json::Value::Object(some_flags)).unwrap();
-            let merged = file.overlaid(&some_flags).to_keys();
+            let some_flags: TrainOptions = toml::Value::Table(some_flags).try_into().unwrap();
+            let merged = file.overlaid(&some_flags).unwrap().to_table().unwrap();
             assert_eq!(merged[id.as_str()], file_keys[id.as_str()], "`{id}`");
         }
     }

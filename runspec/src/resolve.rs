@@ -224,7 +224,7 @@ mod tests {
             beta: Some(0.4),
             ..TrainOptions::default()
         };
-        let c = file.overlaid(&flags).resolve().unwrap();
+        let c = file.overlaid(&flags).unwrap().resolve().unwrap();
         assert_eq!(c.algorithm.base, Base::Osgp);
         assert_eq!(c.algorithm.slowmo.beta, 0.4);
         assert_eq!(c.steps, 50);
@@ -262,13 +262,30 @@ mod tests {
     }
 
     #[test]
-    fn any_seed_survives_the_overlay() {
-        let opts = TrainOptions {
+    fn overlay_keeps_non_finite_values_for_validation_and_refuses_what_toml_cannot_hold() {
+        let nan = TrainOptions {
+            lr: Some(f32::NAN),
+            ..Default::default()
+        };
+        let file = TrainOptions::from_toml("lr = 0.1\nseed = 3\n").unwrap();
+        let e = file
+            .overlaid(&nan)
+            .unwrap()
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lr") && e.contains("NaN"), "{e}");
+        let huge = TrainOptions {
             seed: Some(u64::MAX),
             ..Default::default()
         };
-        let merged = TrainOptions::from_toml("seed = 3").unwrap().overlaid(&opts);
-        assert_eq!(merged.resolve().unwrap().seed, u64::MAX);
+        assert_eq!(huge.resolve().unwrap().seed, u64::MAX);
+        for e in [
+            file.overlaid(&huge).unwrap_err(),
+            huge.to_toml().unwrap_err(),
+        ] {
+            assert!(matches!(e, ConfigError::NotToml(_)), "{e}");
+        }
     }
 
     #[test]
