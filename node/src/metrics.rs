@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::train::StepRecord;
+use slowmo_runspec::StepRecord;
 
 /// Appends one JSON object per step to a file, flushed every line so a crash
 /// loses nothing already reported.

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 use slowmo_gossip::p2p::{P2pComm, P2pConfig, RunIdentity};
 use slowmo_gossip::{CommStats, Communicator};
+use slowmo_runspec::NodeSummary;
 
 use crate::checkpoint::{self, Checkpoint, CheckpointArgs, Identity};
-use crate::config::{RunConfig, TrainOptions};
+use crate::config::{ConfigArgs, RunConfig};
 use crate::data;
 use crate::metrics::{MetricsWriter, Progress};
 use crate::model::ParamSpec;
@@ -25,12 +25,8 @@ use crate::train::{
 /// Arguments of `slowmo node`.
 #[derive(Debug, clap::Args)]
 pub struct NodeArgs {
-    /// TOML file with the run's training settings (flags override it). Every
-    /// node of a run must resolve to the same settings.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub train: TrainOptions,
+    pub config: ConfigArgs,
     /// Number of nodes of the run; the run starts when all are present
     /// (same as --workers).
     #[arg(long)]
@@ -73,58 +69,6 @@ pub struct NodeArgs {
     pub save_params: Option<PathBuf>,
     #[command(flatten)]
     pub checkpoints: CheckpointArgs,
-}
-
-/// A node's final report.
-#[derive(Debug, Serialize)]
-pub struct NodeSummary {
-    pub rank: Option<usize>,
-    pub peer_id: Option<String>,
-    pub members: Vec<String>,
-    pub completed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    pub steps: u64,
-    pub final_train_loss: Option<f32>,
-    /// Test accuracy of the exactly averaged model.
-    pub test_accuracy: Option<f32>,
-    /// Test accuracy of this node's own parameters.
-    pub own_test_accuracy: Option<f32>,
-    pub worker_accuracy_mean: Option<f32>,
-    pub worker_accuracy_std: Option<f32>,
-    pub consensus_distance: Option<f64>,
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
-    pub messages_dropped: u64,
-    pub wall_seconds: f64,
-    pub steps_per_second: f64,
-    pub config: RunConfig,
-}
-
-impl NodeSummary {
-    /// The summary of a node that never started training.
-    pub fn failed(config: &RunConfig, error: String) -> Self {
-        NodeSummary {
-            rank: None,
-            peer_id: None,
-            members: Vec::new(),
-            completed: false,
-            error: Some(error),
-            steps: 0,
-            final_train_loss: None,
-            test_accuracy: None,
-            own_test_accuracy: None,
-            worker_accuracy_mean: None,
-            worker_accuracy_std: None,
-            consensus_distance: None,
-            bytes_sent: 0,
-            bytes_received: 0,
-            messages_dropped: 0,
-            wall_seconds: 0.0,
-            steps_per_second: 0.0,
-            config: config.clone(),
-        }
-    }
 }
 
 /// Parses `--device`; CUDA needs a build with the `cuda` feature.
@@ -215,11 +159,7 @@ fn agree_on_checkpoint(
 
 /// `slowmo node`. Returns an error (non-zero exit) when the run did not finish.
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
-    let file = match &args.config {
-        Some(path) => TrainOptions::from_file(path)?,
-        None => TrainOptions::default(),
-    };
-    let mut options = file.overlaid(&args.train);
+    let mut options = args.config.options()?;
     if let Some(n) = args.nodes {
         options.workers = Some(n);
     }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use slowmo_gossip::memory::MemoryNetwork;
 
 use crate::checkpoint::{self, Checkpoint, CheckpointArgs, Identity};
-use crate::config::{RunConfig, TrainOptions};
+use crate::config::{ConfigArgs, RunConfig};
 use crate::data::{self, Dataset};
 use crate::model::Model;
 use crate::model::ParamSpec;
@@ -19,11 +19,8 @@ use crate::train::{CheckpointPlan, StepRecord, WorkerOutcome, WorkerSetup, run_w
 /// Arguments of `slowmo simulate`.
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
-    /// TOML file with training settings (flags override it).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub train: TrainOptions,
+    pub config: ConfigArgs,
     /// Write the summary as JSON to this file.
     #[arg(long)]
     pub summary_json: Option<PathBuf>,
@@ -272,11 +269,7 @@ pub fn simulate_with(
 
 /// `slowmo simulate`.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
-    let file = match &args.config {
-        Some(path) => TrainOptions::from_file(path)?,
-        None => TrainOptions::default(),
-    };
-    let config = file.overlaid(&args.train).resolve()?;
+    let config = args.config.resolve()?;
     let quiet = args.quiet;
     if !quiet {
         println!(

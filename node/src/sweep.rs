@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use slowmo_topologies::GraphSpec;
 use slowmo_topologies::analysis::{AnalysisOptions, analyze};
 
-use crate::config::TrainOptions;
+use crate::config::ConfigArgs;
 use crate::simulate::simulate;
 
 /// Arguments of `slowmo topology sweep`.
@@ -27,11 +27,9 @@ pub struct SweepArgs {
     /// Slow momentum values, comma separated (0 is the plain base).
     #[arg(long, value_delimiter = ',', default_value = "0,0.5")]
     pub betas: Vec<f32>,
-    /// TOML file with training settings (flags override it; base defaults to sgp).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
+    // Training settings; the base defaults to sgp here.
     #[command(flatten)]
-    pub train: TrainOptions,
+    pub config: ConfigArgs,
     /// Write the results as CSV.
     #[arg(long)]
     pub csv: Option<PathBuf>,
@@ -116,11 +114,7 @@ pub fn run(args: SweepArgs) -> Result<()> {
     if args.graphs.is_empty() || args.nodes.is_empty() || args.betas.is_empty() {
         bail!("--graphs, --nodes and --betas each need at least one value");
     }
-    let file = match &args.config {
-        Some(p) => TrainOptions::from_file(p)?,
-        None => TrainOptions::default(),
-    };
-    let mut base = file.overlaid(&args.train);
+    let mut base = args.config.options()?;
     if base.base.is_none() && base.preset.is_none() {
         base.base = Some(slowmo_optim::Base::Sgp);
     }

@@ -77,36 +77,7 @@ pub struct WorkerSetup {
     pub resume: Option<Checkpoint>,
 }
 
-/// Per-step metrics of one worker.
-#[derive(Debug, Clone, Serialize)]
-pub struct StepRecord {
-    pub step: u64,
-    /// Seconds since the worker started.
-    pub time: f64,
-    pub loss: f32,
-    pub lr: f32,
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
-    /// Push-sum weight of this worker.
-    pub weight: f64,
-    /// Push-sum rounds this worker has started (step + 1 for SGP and OSGP,
-    /// fewer with background gossip over slow links; 0 without push-sum).
-    pub gossip_rounds: u64,
-    /// Mean over workers of ||z_i - z_bar|| (at evaluations and barriers).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub consensus_distance: Option<f64>,
-    /// Standard deviation of the push-sum weights over workers (at evaluations).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub weight_spread: Option<f64>,
-    /// Mean over workers of their test accuracy (at evaluations; with
-    /// background gossip, this worker's own, without any collective).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub test_accuracy: Option<f32>,
-    /// Mean over workers of the windowed train loss (at evaluations; this
-    /// worker's own with background gossip).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub train_loss: Option<f32>,
-}
+pub use slowmo_runspec::StepRecord;
 
 /// The outcome of one worker's run; the `mean_*`, `averaged_*` and
 /// `consensus_distance` fields are the same on every worker.

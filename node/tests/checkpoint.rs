@@ -110,7 +110,6 @@ fn resuming_reproduces_the_uninterrupted_run_bit_for_bit() {
             "--beta",
             "0.5",
             "--no-average",
-            "true",
         ],
         36,
     );

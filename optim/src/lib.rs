@@ -11,6 +11,7 @@
 //! paper onto these settings.
 
 pub mod error;
+mod named;
 pub mod optimizer;
 pub mod outer;
 pub mod preset;

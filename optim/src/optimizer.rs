@@ -8,56 +8,19 @@
 //! parameters; the training loop reaches them through [`Optimizer::state_buffers`]
 //! to checkpoint them or to exact-average them (the `average` buffer policy).
 
-use std::fmt;
-use std::str::FromStr;
-
 use crate::error::{OptimError, check_non_negative, check_positive, check_unit_interval};
 
-/// Which base optimizer to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OptimizerKind {
-    /// SGD with optional heavy-ball / Nesterov momentum and L2 weight decay.
-    Sgd,
-    /// Adam with L2 weight decay added to the gradient.
-    Adam,
-    /// Adam with decoupled weight decay (Loshchilov and Hutter).
-    Adamw,
-}
-
-impl OptimizerKind {
-    /// Every kind, in the order of the accepted names.
-    pub const ALL: [OptimizerKind; 3] = [Self::Sgd, Self::Adam, Self::Adamw];
-
-    /// The name used in configs and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sgd => "sgd",
-            Self::Adam => "adam",
-            Self::Adamw => "adamw",
-        }
-    }
-}
-
-impl fmt::Display for OptimizerKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for OptimizerKind {
-    type Err = OptimError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|k| k.as_str() == t)
-            .ok_or_else(|| OptimError::UnknownName {
-                what: "optimizer",
-                given: s.to_string(),
-                expected: "sgd, adam, adamw",
-            })
+crate::named_enum! {
+    /// Which base optimizer to run.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum OptimizerKind: "optimizer" {
+        /// SGD with optional heavy-ball / Nesterov momentum and L2 weight decay.
+        Sgd = "sgd",
+        /// Adam with L2 weight decay added to the gradient.
+        Adam = "adam",
+        /// Adam with decoupled weight decay (Loshchilov and Hutter).
+        Adamw = "adamw",
     }
 }
 

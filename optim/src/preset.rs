@@ -16,46 +16,32 @@
 //! With alpha = 1 and beta = 0 the outer step is the identity, so the first
 //! four presets are the plain base algorithms.
 
-use std::fmt;
-use std::str::FromStr;
-
 use crate::error::OptimError;
 use crate::slowmo::{BufferPolicy, SlowMoConfig};
 
 /// Base steps per outer iteration in the paper's image experiments.
 pub const DEFAULT_TAU: u64 = 12;
 
-/// How workers communicate during the base steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Base {
-    /// Exact average of gradients (or parameters) every step.
-    ArSgd,
-    /// No communication between outer steps.
-    LocalSgd,
-    /// Synchronous push-sum gossip every step.
-    Sgp,
-    /// Overlapping push-sum gossip with bounded staleness.
-    Osgp,
+crate::named_enum! {
+    /// How workers communicate during the base steps.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum Base: "base algorithm" {
+        /// Exact average of gradients (or parameters) every step.
+        ArSgd = "ar-sgd",
+        /// No communication between outer steps.
+        LocalSgd = "local-sgd",
+        /// Synchronous push-sum gossip every step.
+        Sgp = "sgp",
+        /// Overlapping push-sum gossip with bounded staleness.
+        Osgp = "osgp",
+    }
 }
 
 impl Base {
-    /// Every base, in the order of the accepted names.
-    pub const ALL: [Base; 4] = [Self::ArSgd, Self::LocalSgd, Self::Sgp, Self::Osgp];
-
     /// Whether the base steps gossip with push-sum (SGP, OSGP).
     pub fn uses_push_sum(self) -> bool {
         matches!(self, Self::Sgp | Self::Osgp)
-    }
-
-    /// The name used in configs and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ArSgd => "ar-sgd",
-            Self::LocalSgd => "local-sgd",
-            Self::Sgp => "sgp",
-            Self::Osgp => "osgp",
-        }
     }
 
     /// The staleness bound this base runs with by default (1 for OSGP, else 0).
@@ -64,46 +50,26 @@ impl Base {
     }
 }
 
-impl fmt::Display for Base {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::named_enum! {
+    /// A named algorithm from the paper.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum Preset: "preset" {
+        /// AllReduce-SGD.
+        ArSgd = "ar-sgd",
+        /// Local SGD.
+        LocalSgd = "local-sgd",
+        /// Stochastic Gradient Push.
+        Sgp = "sgp",
+        /// Overlap SGP.
+        Osgp = "osgp",
+        /// Block-wise model-update filtering.
+        Bmuf = "bmuf",
+        /// Lookahead.
+        Lookahead = "lookahead",
+        /// SlowMo on a chosen base.
+        Slowmo = "slowmo",
     }
-}
-
-impl FromStr for Base {
-    type Err = OptimError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|b| b.as_str() == t)
-            .ok_or_else(|| OptimError::UnknownName {
-                what: "base algorithm",
-                given: s.to_string(),
-                expected: "ar-sgd, local-sgd, sgp, osgp",
-            })
-    }
-}
-
-/// A named algorithm from the paper.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Preset {
-    /// AllReduce-SGD.
-    ArSgd,
-    /// Local SGD.
-    LocalSgd,
-    /// Stochastic Gradient Push.
-    Sgp,
-    /// Overlap SGP.
-    Osgp,
-    /// Block-wise model-update filtering.
-    Bmuf,
-    /// Lookahead.
-    Lookahead,
-    /// SlowMo on a chosen base.
-    Slowmo,
 }
 
 /// A fully specified algorithm: base, outer loop and staleness bound.
@@ -134,30 +100,6 @@ impl Algorithm {
 }
 
 impl Preset {
-    /// Every preset, in the order of the accepted names.
-    pub const ALL: [Preset; 7] = [
-        Self::ArSgd,
-        Self::LocalSgd,
-        Self::Sgp,
-        Self::Osgp,
-        Self::Bmuf,
-        Self::Lookahead,
-        Self::Slowmo,
-    ];
-
-    /// The name used in configs and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ArSgd => "ar-sgd",
-            Self::LocalSgd => "local-sgd",
-            Self::Sgp => "sgp",
-            Self::Osgp => "osgp",
-            Self::Bmuf => "bmuf",
-            Self::Lookahead => "lookahead",
-            Self::Slowmo => "slowmo",
-        }
-    }
-
     /// The settings of this preset (see the module table). `base_for_slowmo`
     /// is used only by [`Preset::Slowmo`]; its staleness follows the base.
     pub fn algorithm(self, base_for_slowmo: Base) -> Algorithm {
@@ -201,28 +143,6 @@ impl Preset {
             }
             Self::Slowmo => "SlowMo: base steps, exact average every 12 steps, slow momentum 0.5",
         }
-    }
-}
-
-impl fmt::Display for Preset {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Preset {
-    type Err = OptimError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == t)
-            .ok_or_else(|| OptimError::UnknownName {
-                what: "preset",
-                given: s.to_string(),
-                expected: "ar-sgd, local-sgd, sgp, osgp, bmuf, lookahead, slowmo",
-            })
     }
 }
 

@@ -11,58 +11,21 @@
 //! The base-optimizer buffer policy at an outer iteration is the loop's job (it
 //! may need a collective); [`BufferPolicy`] only names the choice.
 
-use std::fmt;
-use std::str::FromStr;
-
 use crate::error::{OptimError, check_finite, check_positive, check_unit_interval};
 use crate::push_sum::PushSum;
 
-/// What happens to base-optimizer buffers (momentum, Adam moments) at the start
-/// of each outer iteration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BufferPolicy {
-    /// Leave them untouched (the reference code's behaviour; the default).
-    Maintain,
-    /// Zero them (and Adam's step counter): [`crate::Optimizer::reset`].
-    Reset,
-    /// Exact-average them over the workers, like the parameters (one more all-reduce).
-    Average,
-}
-
-impl BufferPolicy {
-    /// Every policy, in the order of the accepted names.
-    pub const ALL: [BufferPolicy; 3] = [Self::Maintain, Self::Reset, Self::Average];
-
-    /// The name used in configs and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Maintain => "maintain",
-            Self::Reset => "reset",
-            Self::Average => "average",
-        }
-    }
-}
-
-impl fmt::Display for BufferPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for BufferPolicy {
-    type Err = OptimError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == t)
-            .ok_or_else(|| OptimError::UnknownName {
-                what: "buffer policy",
-                given: s.to_string(),
-                expected: "maintain, reset, average",
-            })
+crate::named_enum! {
+    /// What happens to base-optimizer buffers (momentum, Adam moments) at the start
+    /// of each outer iteration.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum BufferPolicy: "buffer policy" {
+        /// Leave them untouched (the reference code's behaviour; the default).
+        Maintain = "maintain",
+        /// Zero them (and Adam's step counter): [`crate::Optimizer::reset`].
+        Reset = "reset",
+        /// Exact-average them over the workers, like the parameters (one more all-reduce).
+        Average = "average",
     }
 }
 

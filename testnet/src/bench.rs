@@ -12,9 +12,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use slowmo_node::config::TrainOptions;
-use slowmo_node::model::ModelKind;
 use slowmo_optim::{Base, Preset};
+use slowmo_runspec::{ConfigArgs, ModelKind, StepRecord, TrainOptions};
 
 use crate::local::{LocalArgs, Transport, launch};
 
@@ -63,12 +62,10 @@ pub fn step_seconds_and_rounds(metrics: &Path) -> anyhow::Result<(f64, u64)> {
     let mut times = Vec::new();
     let mut rounds = 0;
     for (i, line) in text.lines().enumerate() {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}: not JSON", metrics.display(), i + 1))?;
-        if let (Some(step), Some(time)) = (v["step"].as_u64(), v["time"].as_f64()) {
-            times.push((step, time));
-        }
-        rounds = v["gossip_rounds"].as_u64().unwrap_or(0);
+        let r: StepRecord = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not a step record", metrics.display(), i + 1))?;
+        times.push((r.step, r.time));
+        rounds = r.gossip_rounds;
     }
     let start = times.iter().find(|(s, _)| *s + 1 == WARMUP_STEPS);
     let end = times.last();
@@ -132,8 +129,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         eprintln!("bench: {label} ({} nodes, {total} steps)", args.nodes);
         let local = LocalArgs {
             nodes: args.nodes,
-            config: None,
-            train,
+            config: ConfigArgs {
+                config: None,
+                train,
+            },
             out: Some(run_dir.clone()),
             slowmo_bin: args.slowmo_bin.clone(),
             transport: args.transport,
@@ -196,10 +195,21 @@ mod tests {
         let mut t = 0.0;
         for step in 0..30u64 {
             t += if step < WARMUP_STEPS { 0.5 } else { 0.01 };
-            let rounds = step + 1;
-            lines.push(format!(
-                r#"{{"step":{step},"time":{t},"loss":1.0,"gossip_rounds":{rounds}}}"#
-            ));
+            let record = StepRecord {
+                step,
+                time: t,
+                loss: 1.0,
+                lr: 0.1,
+                bytes_sent: 0,
+                bytes_received: 0,
+                weight: 1.0,
+                gossip_rounds: step + 1,
+                consensus_distance: None,
+                weight_spread: None,
+                test_accuracy: None,
+                train_loss: None,
+            };
+            lines.push(serde_json::to_string(&record).unwrap());
         }
         std::fs::write(&path, lines.join("\n")).unwrap();
         let (s, rounds) = step_seconds_and_rounds(&path).unwrap();

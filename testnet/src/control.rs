@@ -12,10 +12,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use serde_json::Value;
+use slowmo_runspec::{ResultRow, StepRecord, last_record, results_table, step_rate};
 
 use crate::docker::{self, ContainerInfo, Project, run_inherit};
-use crate::results::{self, NodeRow};
+use crate::results;
 
 /// Which testnet a command acts on.
 #[derive(Debug, Clone, clap::Args)]
@@ -132,7 +132,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let finished = watch(&project, Duration::from_secs(args.timeout), args.interval)?;
     let dir = results_dir(&args.target, &args.results);
     let rows = results::collect(&project.containers()?, &dir)?;
-    println!("{}", results::table(&rows));
+    println!("{}", results_table(&rows));
     eprintln!("results in {}", dir.display());
     if args.down {
         down(&args.target)?;
@@ -144,7 +144,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
 }
 
 /// Fails naming every node that did not exit 0.
-pub fn check_rows(rows: &[NodeRow]) -> anyhow::Result<()> {
+pub fn check_rows(rows: &[ResultRow]) -> anyhow::Result<()> {
     let failed: Vec<String> = rows
         .iter()
         .filter(|r| r.state != "exited" || r.exit_code != Some(0))
@@ -169,17 +169,14 @@ fn active(c: &ContainerInfo) -> bool {
 }
 
 /// One node's progress for the watch line and `status`.
-fn progress(c: &ContainerInfo) -> (Option<Value>, Option<f64>) {
+fn progress(c: &ContainerInfo) -> (Option<StepRecord>, Option<f64>) {
     match docker::read_file(
         &c.id,
         &format!("{}/metrics.jsonl", crate::compose::DATA_DIR),
     ) {
         Ok(Some(bytes)) => {
             let text = String::from_utf8_lossy(&bytes);
-            (
-                results::last_metrics(&text),
-                results::metrics_step_rate(&text),
-            )
+            (last_record(&text), step_rate(&text))
         }
         _ => (None, None),
     }
@@ -196,16 +193,7 @@ fn progress_text(c: &ContainerInfo) -> String {
         progress(c)
     };
     match last {
-        Some(m) => format!(
-            "{} {state} step {} loss {}",
-            c.service,
-            m.get("step")
-                .and_then(Value::as_u64)
-                .map_or("?".into(), |s| s.to_string()),
-            m.get("loss")
-                .and_then(Value::as_f64)
-                .map_or("?".into(), |l| format!("{l:.3}")),
-        ),
+        Some(m) => format!("{} {state} step {} loss {:.3}", c.service, m.step, m.loss,),
         None if c.status == "running" => format!("{} joining", c.service),
         None => format!("{} {state}", c.service),
     }
@@ -268,13 +256,13 @@ pub fn status(target: &Target) -> anyhow::Result<()> {
             "exited" => format!("exited {}", c.exit_code),
             s => s.to_string(),
         };
-        let field = |k: &str| last.as_ref().and_then(|m| m.get(k)).and_then(Value::as_f64);
         println!(
             "{:<8} {:<10} {:>6} {:>9} {:>8} {:<15} {}",
             c.service,
             state,
-            field("step").map_or("-".into(), |s| format!("{s:.0}")),
-            field("loss").map_or("-".into(), |l| format!("{l:.4}")),
+            last.as_ref().map_or("-".into(), |m| m.step.to_string()),
+            last.as_ref()
+                .map_or("-".into(), |m| format!("{:.4}", m.loss)),
             rate.map_or("-".into(), |r| format!("{r:.2}")),
             c.address.as_deref().unwrap_or("-"),
             c.shape.as_deref().unwrap_or("-"),
@@ -433,7 +421,7 @@ pub fn collect(args: CollectArgs) -> anyhow::Result<()> {
     let project = args.target.project()?;
     let dir = results_dir(&args.target, &args.results);
     let rows = results::collect(&project.containers()?, &dir)?;
-    println!("{}", results::table(&rows));
+    println!("{}", results_table(&rows));
     eprintln!("results in {}", dir.display());
     Ok(())
 }
@@ -482,19 +470,19 @@ mod tests {
 
     #[test]
     fn check_rows_names_failed_nodes() {
-        let ok = NodeRow {
+        let ok = ResultRow {
             node: "node0".into(),
             state: "exited".into(),
             exit_code: Some(0),
-            ..NodeRow::default()
+            ..ResultRow::default()
         };
         assert!(check_rows(std::slice::from_ref(&ok)).is_ok());
-        let bad = NodeRow {
+        let bad = ResultRow {
             node: "node1".into(),
             exit_code: Some(137),
             ..ok.clone()
         };
-        let running = NodeRow {
+        let running = ResultRow {
             node: "node2".into(),
             state: "running".into(),
             ..ok.clone()

@@ -8,5 +8,4 @@ pub mod docker;
 pub mod local;
 pub mod profile;
 pub mod results;
-pub mod summary;
 pub mod yaml;

@@ -14,9 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use slowmo_node::config::TrainOptions;
-
-use crate::summary::{NodeResult, read_summary, table};
+use slowmo_runspec::{ConfigArgs, NodeSummary, ResultRow, last_record, results_table};
 
 /// Transport the local nodes use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -31,11 +29,8 @@ pub struct LocalArgs {
     /// Number of node processes.
     #[arg(long, default_value_t = 4)]
     pub nodes: usize,
-    /// TOML file with the run's training settings (flags override it).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub train: TrainOptions,
+    pub config: ConfigArgs,
     /// Folder for every node's files [default: a new folder under testnet-runs/].
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -129,28 +124,24 @@ impl Drop for Nodes {
 
 fn last_step(metrics: &Path) -> Option<(u64, f32)> {
     let text = std::fs::read_to_string(metrics).ok()?;
-    let v = crate::results::last_metrics(&text)?;
-    Some((v["step"].as_u64()? + 1, v["loss"].as_f64()? as f32))
+    let r = last_record(&text)?;
+    Some((r.step + 1, r.loss))
 }
 
 /// Runs a local testnet to the end; errors name the node that failed.
 pub fn run(args: LocalArgs) -> anyhow::Result<()> {
     let results = launch(&args)?;
-    println!("{}", table(&results));
+    println!("{}", results_table(&results));
     Ok(())
 }
 
 /// Launches the nodes, waits for them, and returns their results.
-pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<NodeResult>> {
+pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
     if args.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
     let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
-    let file = match &args.config {
-        Some(p) => TrainOptions::from_file(p)?,
-        None => TrainOptions::default(),
-    };
-    let mut options = file.overlaid(&args.train);
+    let mut options = args.config.options()?;
     options.workers = Some(args.nodes);
     let config = options.resolve().context("the run configuration")?;
     let out = match &args.out {
@@ -165,7 +156,7 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<NodeResult>> {
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let run_toml = out.join("run.toml");
-    std::fs::write(&run_toml, options.to_toml())
+    std::fs::write(&run_toml, options.to_toml()?)
         .with_context(|| format!("writing {}", run_toml.display()))?;
 
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -231,9 +222,9 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<NodeResult>> {
         );
     }
 
-    let mut done = vec![false; args.nodes];
+    let mut exits = vec![None; args.nodes];
     let mut last_print = Instant::now();
-    while done.iter().any(|d| !d) {
+    while exits.iter().any(Option::is_none) {
         if interrupted.load(Ordering::SeqCst) {
             drop(nodes);
             bail!(
@@ -242,11 +233,11 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<NodeResult>> {
             );
         }
         for (i, (name, child)) in nodes.0.iter_mut().enumerate() {
-            if done[i] {
+            if exits[i].is_some() {
                 continue;
             }
             if let Some(status) = child.try_wait()? {
-                done[i] = true;
+                exits[i] = Some(status);
                 if !status.success() {
                     let log = dirs[i].join("node.log");
                     let tail = std::fs::read_to_string(&log)
@@ -278,26 +269,28 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<NodeResult>> {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(nodes);
-    let results: Vec<NodeResult> = dirs
+    let results: Vec<ResultRow> = dirs
         .iter()
+        .zip(&exits)
         .enumerate()
-        .map(|(i, d)| {
-            let path = d.join("summary.json");
-            NodeResult {
-                name: format!("node-{i}"),
-                summary: read_summary(&path).ok(),
-                summary_path: path,
+        .map(|(i, (d, status))| {
+            let code = status.and_then(|s| s.code());
+            ResultRow {
+                node: format!("node-{i}"),
+                state: if code.is_some() { "exited" } else { "killed" }.into(),
+                exit_code: code.map(i64::from),
+                limits: None,
+                summary: std::fs::read_to_string(d.join("summary.json"))
+                    .ok()
+                    .and_then(|t| NodeSummary::from_json(&t).ok()),
             }
         })
         .collect();
-    if let Some(bad) = results
-        .iter()
-        .find(|r| !r.summary.as_ref().is_some_and(|s| s.completed))
-    {
+    if let Some(bad) = results.iter().find(|r| !r.completed()) {
         bail!(
             "{} did not complete the run:\n{}",
-            bad.name,
-            table(&results)
+            bad.node,
+            results_table(&results)
         );
     }
     Ok(results)

@@ -81,7 +81,6 @@ fn testnet_matches_simulator_for_every_synchronous_algorithm() {
             "--tau",
             "6",
             "--no-average",
-            "true",
         ]);
     }
 }

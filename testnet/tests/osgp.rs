@@ -107,11 +107,7 @@ fn osgp_with_background_gossip_over_the_testnet_converges_and_loses_no_mass() {
     // On few cores the nodes out-step their gossip by far (a round costs
     // tens of steps), so give the run time to mix a few rounds.
     let steps = 400u64;
-    let nodes = osgp_testnet(
-        &dir.path().join("net"),
-        steps,
-        &["--background-gossip", "true"],
-    );
+    let nodes = osgp_testnet(&dir.path().join("net"), steps, &["--background-gossip"]);
     let (mut rounds, mut accuracies) = (Vec::new(), Vec::new());
     for (node, (dir, summary)) in nodes.iter().enumerate() {
         let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();

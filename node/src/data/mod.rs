@@ -21,9 +21,7 @@ pub mod idx;
 pub mod partition;
 pub mod synthetic;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 pub use batcher::Batcher;
 pub use partition::{Partition, shard_indices};
@@ -31,58 +29,7 @@ pub use partition::{Partition, shard_indices};
 /// Where Debian's `dataset-fashion-mnist` package puts the four gzip IDX files.
 pub const DEBIAN_FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 
-/// Which dataset to train on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DatasetKind {
-    /// Seeded synthetic 28x28 images in 10 classes; needs no files.
-    Synthetic,
-    /// Fashion-MNIST (IDX files).
-    FashionMnist,
-    /// MNIST (IDX files).
-    Mnist,
-    /// CIFAR-10 (binary batches).
-    Cifar10,
-}
-
-impl DatasetKind {
-    /// Every kind, in the order `--help` lists them.
-    pub const ALL: [DatasetKind; 4] = [
-        DatasetKind::Synthetic,
-        DatasetKind::FashionMnist,
-        DatasetKind::Mnist,
-        DatasetKind::Cifar10,
-    ];
-
-    /// The name used on the command line and in configs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DatasetKind::Synthetic => "synthetic",
-            DatasetKind::FashionMnist => "fashion-mnist",
-            DatasetKind::Mnist => "mnist",
-            DatasetKind::Cifar10 => "cifar10",
-        }
-    }
-}
-
-impl fmt::Display for DatasetKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DatasetKind {
-    type Err = DataError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DatasetKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| DataError::UnknownDataset {
-                input: s.to_string(),
-            })
-    }
-}
+pub use slowmo_runspec::DatasetKind;
 
 /// One split (train or test): images in NCHW order, flattened, normalised.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -208,14 +155,6 @@ pub enum DataError {
         found_h: usize,
         found_w: usize,
     },
-    /// An unknown `--dataset` name.
-    #[error("unknown dataset {input:?}: expected one of synthetic, fashion-mnist, mnist, cifar10")]
-    UnknownDataset { input: String },
-    /// An unparsable `--partition` value.
-    #[error(
-        "invalid partition {input:?}: {reason}; expected iid, by-class or dirichlet:<alpha> with alpha > 0"
-    )]
-    BadPartition { input: String, reason: String },
     /// The data cannot be split as asked.
     #[error("cannot partition {samples} samples across {workers} workers: {reason}")]
     Unpartitionable {
@@ -310,20 +249,6 @@ pub(crate) fn find_file(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kind_names_round_trip() {
-        for k in DatasetKind::ALL {
-            assert_eq!(k.to_string().parse::<DatasetKind>().unwrap(), k);
-            let json = serde_json::to_string(&k).unwrap();
-            assert_eq!(json, format!("\"{k}\""));
-        }
-        let err = "imagenet".parse::<DatasetKind>().unwrap_err().to_string();
-        assert!(
-            err.contains("imagenet") && err.contains("fashion-mnist"),
-            "{err}"
-        );
-    }
 
     #[test]
     fn split_geometry() {

@@ -15,73 +15,11 @@
 //! Every sample lands in exactly one shard, every shard is non-empty, and the
 //! result depends only on the labels, the worker count and the seed.
 
-use std::fmt;
-use std::str::FromStr;
-
 use slowmo_optim::Rng;
 
 use super::DataError;
 
-/// How the training set is divided among workers.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Partition {
-    /// Uniformly random, equal shards.
-    Iid,
-    /// Label-sorted contiguous shards.
-    ByClass,
-    /// Per-class Dirichlet(alpha) proportions, alpha > 0.
-    Dirichlet(f64),
-}
-
-impl fmt::Display for Partition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Partition::Iid => f.write_str("iid"),
-            Partition::ByClass => f.write_str("by-class"),
-            Partition::Dirichlet(a) => write!(f, "dirichlet:{a}"),
-        }
-    }
-}
-
-impl FromStr for Partition {
-    type Err = DataError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |reason: &str| DataError::BadPartition {
-            input: s.to_string(),
-            reason: reason.to_string(),
-        };
-        match s {
-            "iid" => Ok(Partition::Iid),
-            "by-class" => Ok(Partition::ByClass),
-            _ => {
-                let alpha = s
-                    .strip_prefix("dirichlet:")
-                    .ok_or_else(|| bad("unknown name"))?;
-                let alpha: f64 = alpha.parse().map_err(|_| bad("alpha is not a number"))?;
-                if alpha.is_finite() && alpha > 0.0 {
-                    Ok(Partition::Dirichlet(alpha))
-                } else {
-                    Err(bad("alpha must be finite and > 0"))
-                }
-            }
-        }
-    }
-}
-
-impl TryFrom<String> for Partition {
-    type Error = DataError;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-impl From<Partition> for String {
-    fn from(p: Partition) -> String {
-        p.to_string()
-    }
-}
+pub use slowmo_runspec::Partition;
 
 /// Splits sample indices `0..labels.len()` into `workers` disjoint, non-empty
 /// shards. Each shard is sorted ascending (the [`super::Batcher`] shuffles).
@@ -317,32 +255,5 @@ mod tests {
         assert!(err.to_string().contains("label 5"), "{err}");
         assert!(shard_indices(&l, 10, 2, Partition::Dirichlet(0.0), 0).is_err());
         assert!(shard_indices(&l, 10, 2, Partition::Dirichlet(f64::NAN), 0).is_err());
-    }
-
-    #[test]
-    fn parse_display_and_serde_round_trip() {
-        for p in [
-            Partition::Iid,
-            Partition::ByClass,
-            Partition::Dirichlet(0.5),
-            Partition::Dirichlet(1.0),
-        ] {
-            assert_eq!(p.to_string().parse::<Partition>().unwrap(), p);
-            let json = serde_json::to_string(&p).unwrap();
-            assert_eq!(json, format!("\"{p}\""));
-            assert_eq!(serde_json::from_str::<Partition>(&json).unwrap(), p);
-        }
-        assert_eq!(Partition::Dirichlet(0.5).to_string(), "dirichlet:0.5");
-        for bad in [
-            "dirichlet:",
-            "dirichlet:-1",
-            "dirichlet:inf",
-            "random",
-            "dirichlet:x",
-        ] {
-            let err = bad.parse::<Partition>().unwrap_err().to_string();
-            assert!(err.contains(bad), "{err}");
-        }
-        assert!(serde_json::from_str::<Partition>("\"nope\"").is_err());
     }
 }

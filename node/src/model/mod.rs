@@ -45,9 +45,7 @@
 mod arch;
 mod io;
 
-use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 
 use candle_core::{DType, Device, Storage, Tensor, Var};
 use slowmo_optim::Rng;
@@ -55,44 +53,7 @@ use slowmo_optim::Rng;
 use crate::data::Split;
 use arch::Arch;
 
-/// Which network to train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ModelKind {
-    /// Multi-layer perceptron on the flattened image.
-    Mlp,
-    /// LeNet-5-style convolutional network.
-    Cnn,
-}
-
-impl ModelKind {
-    /// The name used on the command line and in configs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ModelKind::Mlp => "mlp",
-            ModelKind::Cnn => "cnn",
-        }
-    }
-}
-
-impl fmt::Display for ModelKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ModelKind {
-    type Err = ModelError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "mlp" => Ok(ModelKind::Mlp),
-            "cnn" => Ok(ModelKind::Cnn),
-            _ => Err(ModelError::UnknownModel {
-                input: s.to_string(),
-            }),
-        }
-    }
-}
+pub use slowmo_runspec::ModelKind;
 
 /// Where one named parameter tensor lives in the flat buffer.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,9 +96,6 @@ pub enum ModelError {
     /// An invalid architecture request.
     #[error("invalid model configuration: {0}")]
     Config(String),
-    /// An unknown `--model` name.
-    #[error("unknown model {input:?}: expected mlp or cnn")]
-    UnknownModel { input: String },
     /// A buffer has the wrong number of elements.
     #[error("{what} has {got} values, expected {expected}")]
     Length {

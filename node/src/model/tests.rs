@@ -262,21 +262,6 @@ fn bad_inputs_are_errors_not_panics() {
 }
 
 #[test]
-fn kind_names_round_trip() {
-    for k in [ModelKind::Mlp, ModelKind::Cnn] {
-        assert_eq!(k.to_string().parse::<ModelKind>().unwrap(), k);
-        assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{k}\""));
-    }
-    assert!(
-        "resnet"
-            .parse::<ModelKind>()
-            .unwrap_err()
-            .to_string()
-            .contains("resnet")
-    );
-}
-
-#[test]
 fn safetensors_round_trip_keeps_names_shapes_values() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p.safetensors");

@@ -29,12 +29,16 @@ pub fn docker_available(test: &str) -> bool {
     }
 }
 
-/// The slowmo binary: $SLOWMO_BIN, else <workspace>/target/debug/slowmo.
-/// Missing is a failure, not a skip: CI builds it before the tests.
+/// The slowmo binary: $SLOWMO_BIN, else the one beside this crate's
+/// `slowmo-testnet` in the same target folder. Missing is a failure, not a
+/// skip: CI builds it before the tests.
 pub fn slowmo_bin() -> PathBuf {
     let path = std::env::var_os("SLOWMO_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/debug/slowmo"));
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_BIN_EXE_slowmo-testnet"))
+                .with_file_name(format!("slowmo{}", std::env::consts::EXE_SUFFIX))
+        });
     assert!(
         path.is_file(),
         "slowmo binary not found at {} (build it first with `cargo build -p slowmo-node`, \

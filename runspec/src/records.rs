@@ -1,0 +1,170 @@
+//! What a node writes about its run: one [`StepRecord`] per step (the
+//! metrics JSON lines) and one [`NodeSummary`] at the end.
+
+use serde::{Deserialize, Serialize};
+
+use crate::resolve::RunConfig;
+
+/// Per-step metrics of one worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub step: u64,
+    /// Seconds since the worker started.
+    pub time: f64,
+    pub loss: f32,
+    pub lr: f32,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Push-sum weight of this worker.
+    pub weight: f64,
+    /// Push-sum rounds this worker has started (step + 1 for SGP and OSGP,
+    /// fewer with background gossip over slow links; 0 without push-sum).
+    pub gossip_rounds: u64,
+    /// Mean over workers of ||z_i - z_bar|| (at evaluations and barriers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consensus_distance: Option<f64>,
+    /// Standard deviation of the push-sum weights over workers (at evaluations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_spread: Option<f64>,
+    /// Mean over workers of their test accuracy (at evaluations; with
+    /// background gossip, this worker's own, without any collective).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_accuracy: Option<f32>,
+    /// Mean over workers of the windowed train loss (at evaluations; this
+    /// worker's own with background gossip).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_loss: Option<f32>,
+}
+
+/// The records of a metrics JSON-lines text; lines that are not records
+/// (a line cut short while the node writes it) are skipped.
+pub fn step_records(text: &str) -> impl Iterator<Item = StepRecord> + '_ {
+    text.lines().filter_map(|l| serde_json::from_str(l).ok())
+}
+
+/// The last record of a metrics JSON-lines text.
+pub fn last_record(text: &str) -> Option<StepRecord> {
+    text.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+}
+
+/// Steps per second over a metrics text: steps between the first and last
+/// records over the time between them.
+pub fn step_rate(text: &str) -> Option<f64> {
+    let first = step_records(text).next()?;
+    let last = last_record(text)?;
+    (last.time > first.time).then(|| (last.step - first.step) as f64 / (last.time - first.time))
+}
+
+/// A node's final report (`slowmo node --summary-json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    pub rank: Option<usize>,
+    pub peer_id: Option<String>,
+    #[serde(default)]
+    pub members: Vec<String>,
+    pub completed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub steps: u64,
+    pub final_train_loss: Option<f32>,
+    /// Test accuracy of the exactly averaged model.
+    pub test_accuracy: Option<f32>,
+    /// Test accuracy of this node's own parameters.
+    pub own_test_accuracy: Option<f32>,
+    pub worker_accuracy_mean: Option<f32>,
+    pub worker_accuracy_std: Option<f32>,
+    pub consensus_distance: Option<f64>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub messages_dropped: u64,
+    pub wall_seconds: f64,
+    pub steps_per_second: f64,
+    pub config: RunConfig,
+}
+
+impl NodeSummary {
+    /// The summary of a node that never started training.
+    pub fn failed(config: &RunConfig, error: String) -> Self {
+        NodeSummary {
+            rank: None,
+            peer_id: None,
+            members: Vec::new(),
+            completed: false,
+            error: Some(error),
+            steps: 0,
+            final_train_loss: None,
+            test_accuracy: None,
+            own_test_accuracy: None,
+            worker_accuracy_mean: None,
+            worker_accuracy_std: None,
+            consensus_distance: None,
+            bytes_sent: 0,
+            bytes_received: 0,
+            messages_dropped: 0,
+            wall_seconds: 0.0,
+            steps_per_second: 0.0,
+            config: config.clone(),
+        }
+    }
+
+    /// Parses a summary file's text.
+    pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TrainOptions;
+
+    pub(crate) fn record(step: u64, time: f64) -> StepRecord {
+        StepRecord {
+            step,
+            time,
+            loss: 1.0 / (step + 1) as f32,
+            lr: 0.05,
+            bytes_sent: 100 * step,
+            bytes_received: 90 * step,
+            weight: 1.0,
+            gossip_rounds: step + 1,
+            consensus_distance: None,
+            weight_spread: None,
+            test_accuracy: (step % 10 == 9).then_some(0.5),
+            train_loss: None,
+        }
+    }
+
+    #[test]
+    fn metrics_give_the_last_record_and_the_step_rate() {
+        let lines: Vec<String> = [record(0, 0.5), record(10, 2.5)]
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect();
+        // a last line cut short while the node writes it is skipped
+        let text = format!("{}\n{}\n{{\"step\":11,\"ti\n", lines[0], lines[1]);
+        assert_eq!(last_record(&text), Some(record(10, 2.5)));
+        assert_eq!(step_rate(&text), Some(5.0));
+        assert_eq!(step_rate(&lines[0]), None);
+        assert!(last_record("").is_none());
+    }
+
+    #[test]
+    fn summary_round_trips_with_its_config() {
+        let config = TrainOptions {
+            seed: Some(9),
+            ..TrainOptions::default()
+        }
+        .resolve()
+        .unwrap();
+        let mut s = NodeSummary::failed(&config, "no peers".into());
+        s.rank = Some(3);
+        s.final_train_loss = Some(0.25);
+        let text = serde_json::to_string_pretty(&s).unwrap();
+        let back = NodeSummary::from_json(&text).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(back.config.hash(), config.hash());
+    }
+}

@@ -1,0 +1,345 @@
+//! Filling defaults into [`TrainOptions`], validating them, and the
+//! resolved [`RunConfig`] every node of a run must share: its hash is
+//! checked when a peer joins.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use sha2::{Digest, Sha256};
+use slowmo_optim::{Algorithm, Base, OptimizerConfig, OptimizerKind, Preset, Schedule};
+use slowmo_topologies::GraphSpec;
+
+use crate::kinds::{DatasetKind, ModelKind, Partition};
+use crate::options::{ConfigError, TrainOptions, invalid};
+
+impl TrainOptions {
+    /// Fills defaults and validates.
+    pub fn resolve(&self) -> Result<RunConfig, ConfigError> {
+        let base = self.base.unwrap_or(Base::LocalSgd);
+        let preset = self.preset.unwrap_or(Preset::Slowmo);
+        let mut algorithm: Algorithm = preset.algorithm(base);
+        if self.base.is_some() && self.preset.is_some() && algorithm.base != base {
+            return Err(invalid(
+                "base",
+                format!(
+                    "preset `{preset}` runs base `{}`, but --base {base} was given; drop one of them",
+                    algorithm.base
+                ),
+            ));
+        }
+        let s = &mut algorithm.slowmo;
+        if let Some(v) = self.tau {
+            s.tau = v;
+        }
+        if let Some(v) = self.alpha {
+            s.alpha = v;
+        }
+        if let Some(v) = self.beta {
+            s.beta = v;
+        }
+        if let Some(v) = self.no_average {
+            s.average = !v;
+        }
+        if let Some(v) = self.nesterov_outer {
+            s.nesterov = v;
+        }
+        if let Some(v) = self.buffer_policy {
+            s.buffer_policy = v;
+        }
+        s.validate().map_err(|e| invalid("slowmo", e.to_string()))?;
+        if let Some(v) = self.staleness {
+            algorithm.staleness = v;
+        }
+        if algorithm.staleness > 0 && algorithm.base != Base::Osgp {
+            return Err(invalid(
+                "staleness",
+                format!("a staleness bound needs base osgp, not {}", algorithm.base),
+            ));
+        }
+        if let Some(v) = self.background_gossip {
+            algorithm.background_gossip = v;
+        }
+        if algorithm.background_gossip && algorithm.base != Base::Osgp {
+            return Err(invalid(
+                "background_gossip",
+                format!("background gossip needs base osgp, not {}", algorithm.base),
+            ));
+        }
+
+        let kind = self.optimizer.unwrap_or(OptimizerKind::Sgd);
+        let mut optimizer = OptimizerConfig {
+            kind,
+            ..OptimizerConfig::default()
+        };
+        if let Some(v) = self.momentum {
+            optimizer.momentum = v;
+        }
+        if let Some(v) = self.nesterov {
+            optimizer.nesterov = v;
+        }
+        optimizer.weight_decay = self.weight_decay.unwrap_or(match kind {
+            OptimizerKind::Adamw => 0.01,
+            _ => 0.0,
+        });
+        optimizer
+            .validate()
+            .map_err(|e| invalid("optimizer", e.to_string()))?;
+        let lr = self.lr.unwrap_or(match kind {
+            OptimizerKind::Sgd => 0.01,
+            _ => 0.001,
+        });
+        if !(lr.is_finite() && lr > 0.0) {
+            return Err(invalid(
+                "lr",
+                format!("must be a positive number, got {lr}"),
+            ));
+        }
+
+        let workers = self.workers.unwrap_or(8);
+        if workers == 0 {
+            return Err(invalid("workers", "must be at least 1"));
+        }
+        let batch_size = self.batch_size.unwrap_or(32);
+        if batch_size == 0 {
+            return Err(invalid("batch_size", "must be at least 1"));
+        }
+        let hidden = self.hidden.clone().unwrap_or_else(|| vec![256]);
+        if hidden.contains(&0) {
+            return Err(invalid("hidden", "layer widths must be at least 1"));
+        }
+        let mut graph = self
+            .graph
+            .clone()
+            .unwrap_or_else(|| "exponential".parse().expect("built-in graph name"));
+        if let Some(p) = self.peers {
+            if p == 0 {
+                return Err(invalid("peers", "must be at least 1"));
+            }
+            graph.peers = p;
+        }
+        let seed = self.seed.unwrap_or(1);
+        graph.seed = seed;
+        // `build` would refuse it too, but only once the run has started.
+        graph
+            .validate()
+            .map_err(|e| invalid("peers", e.to_string()))?;
+        Ok(RunConfig {
+            algorithm,
+            preset,
+            optimizer,
+            lr,
+            schedule: self.schedule.clone().unwrap_or(Schedule::Constant),
+            workers,
+            batch_size,
+            steps: self.steps.unwrap_or(600),
+            eval_every: self.eval_every.unwrap_or(100),
+            model: self.model.unwrap_or(ModelKind::Mlp),
+            hidden,
+            dataset: self.dataset.unwrap_or(DatasetKind::Synthetic),
+            data_dir: self.data_dir.clone(),
+            partition: self.partition.unwrap_or(Partition::Iid),
+            graph,
+            seed,
+        })
+    }
+}
+
+/// A fully resolved run configuration, shared by every node of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub preset: Preset,
+    pub algorithm: Algorithm,
+    pub optimizer: OptimizerConfig,
+    pub lr: f32,
+    #[serde(serialize_with = "as_display", deserialize_with = "from_str")]
+    pub schedule: Schedule,
+    pub workers: usize,
+    pub batch_size: usize,
+    pub steps: u64,
+    pub eval_every: u64,
+    pub model: ModelKind,
+    pub hidden: Vec<usize>,
+    pub dataset: DatasetKind,
+    pub data_dir: Option<PathBuf>,
+    #[serde(serialize_with = "as_display", deserialize_with = "from_str")]
+    pub partition: Partition,
+    #[serde(serialize_with = "as_display", deserialize_with = "from_str")]
+    pub graph: GraphSpec,
+    pub seed: u64,
+}
+
+fn as_display<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+fn from_str<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
+}
+
+impl RunConfig {
+    /// SHA-256 of the settings that must agree between peers (everything but
+    /// the data directory, which is per-machine).
+    pub fn hash(&self) -> String {
+        let mut shared = serde_json::to_value(self).expect("config serialises");
+        if let Some(map) = shared.as_object_mut() {
+            map.remove("data_dir");
+        }
+        hex::encode(Sha256::digest(shared.to_string().as_bytes()))
+    }
+
+    /// Whether the base exchanges parameters by push-sum every step.
+    pub fn uses_push_sum(&self) -> bool {
+        self.algorithm.base.uses_push_sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_slowmo_over_local_sgd() {
+        let c = TrainOptions::default().resolve().unwrap();
+        assert_eq!(c.algorithm.base, Base::LocalSgd);
+        assert!(c.algorithm.slowmo.beta > 0.0);
+        assert!(c.algorithm.slowmo.average);
+        assert_eq!(c.workers, 8);
+    }
+
+    #[test]
+    fn flags_override_file_and_preset() {
+        let file = TrainOptions::from_toml(
+            "preset = \"osgp\"\nbeta = 0.2\nsteps = 50\nschedule = \"warmup:10\"\n",
+        )
+        .unwrap();
+        let flags = TrainOptions {
+            beta: Some(0.4),
+            ..TrainOptions::default()
+        };
+        let c = file.overlaid(&flags).unwrap().resolve().unwrap();
+        assert_eq!(c.algorithm.base, Base::Osgp);
+        assert_eq!(c.algorithm.slowmo.beta, 0.4);
+        assert_eq!(c.steps, 50);
+        assert_eq!(c.schedule, Schedule::Warmup { steps: 10 });
+    }
+
+    #[test]
+    fn toml_round_trip() {
+        let text = "preset = \"slowmo\"\nbase = \"sgp\"\nbeta = 0.6\nschedule = \"warmup:10\"\nhidden = [64, 32]\nno_average = true\n";
+        let a = TrainOptions::from_toml(text).unwrap();
+        let b = TrainOptions::from_toml(&a.to_toml().unwrap()).unwrap();
+        assert_eq!(a.resolve().unwrap(), b.resolve().unwrap());
+        assert_eq!(b.hidden, Some(vec![64, 32]));
+        assert!(!b.resolve().unwrap().algorithm.slowmo.average);
+    }
+
+    #[test]
+    fn unknown_key_and_bad_values_are_named() {
+        let e = TrainOptions::from_toml("betta = 0.3").unwrap_err();
+        assert!(e.contains("betta"), "{e}");
+        let e = TrainOptions::from_toml("base = \"sgd\"").unwrap_err();
+        assert!(e.contains("sgd"), "{e}");
+        let opts = TrainOptions {
+            staleness: Some(2),
+            base: Some(Base::Sgp),
+            ..Default::default()
+        };
+        let e = opts.resolve().unwrap_err().to_string();
+        assert!(e.contains("staleness"), "{e}");
+        let opts = TrainOptions {
+            lr: Some(-1.0),
+            ..Default::default()
+        };
+        assert!(opts.resolve().unwrap_err().to_string().contains("lr"));
+    }
+
+    #[test]
+    fn overlay_keeps_non_finite_values_for_validation_and_refuses_what_toml_cannot_hold() {
+        let nan = TrainOptions {
+            lr: Some(f32::NAN),
+            ..Default::default()
+        };
+        let file = TrainOptions::from_toml("lr = 0.1\nseed = 3\n").unwrap();
+        let e = file
+            .overlaid(&nan)
+            .unwrap()
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lr") && e.contains("NaN"), "{e}");
+        let huge = TrainOptions {
+            seed: Some(u64::MAX),
+            ..Default::default()
+        };
+        assert_eq!(huge.resolve().unwrap().seed, u64::MAX);
+        for e in [
+            file.overlaid(&huge).unwrap_err(),
+            huge.to_toml().unwrap_err(),
+        ] {
+            assert!(matches!(e, ConfigError::NotToml(_)), "{e}");
+        }
+    }
+
+    #[test]
+    fn peers_on_a_graph_without_them_is_refused_before_the_run() {
+        let opts = TrainOptions::from_toml("graph = \"ring\"\npeers = 2\n").unwrap();
+        let e = opts.resolve().unwrap_err().to_string();
+        assert!(e.contains("peers") && e.contains("ring"), "{e}");
+    }
+
+    /// Peers check this hash when they join: it must not change for the same
+    /// settings (these values were computed before the types moved here).
+    #[test]
+    fn hash_of_known_settings_is_stable() {
+        let cases = [
+            (
+                "",
+                "9b654a4897279a34e651c8a34ec674f51e6ca19f1c2c5408e17b9a7a7b9f42a7",
+            ),
+            (
+                "base = \"osgp\"\nschedule = \"step:10:0.5\"\ngraph = \"exponential\"\npeers = 2\n\
+                 partition = \"dirichlet:0.3\"\nlr = 0.05\nbeta = 0.6\nno_average = true\n",
+                "4ce4e1b1abe70d00ebcdd0109461a0f82761866e1f402f0afa311d7b3acafc42",
+            ),
+            (
+                "preset = \"sgp\"\noptimizer = \"adamw\"\nmodel = \"cnn\"\n\
+                 dataset = \"fashion-mnist\"\nhidden = [64, 32]\n",
+                "3bcbb0566bb5f4272fb8698352193045d9cebe0f6d9e52aa0cae3c461611aca9",
+            ),
+        ];
+        for (text, hash) in cases {
+            let c = TrainOptions::from_toml(text).unwrap().resolve().unwrap();
+            assert_eq!(c.hash(), hash, "{text}");
+        }
+    }
+
+    #[test]
+    fn hash_ignores_data_dir_but_not_training_settings() {
+        let a = TrainOptions::default().resolve().unwrap();
+        let mut b = a.clone();
+        b.data_dir = Some("/elsewhere".into());
+        assert_eq!(a.hash(), b.hash());
+        b.lr = 0.1;
+        assert_ne!(a.hash(), b.hash());
+    }
+
+    #[test]
+    fn resolved_config_round_trips_through_json() {
+        let opts = TrainOptions::from_toml(
+            "base = \"osgp\"\nschedule = \"step:10:0.5\"\ngraph = \"exponential\"\npeers = 2\npartition = \"dirichlet:0.3\"\ndata_dir = \"/d\"\n",
+        )
+        .unwrap();
+        let c = opts.resolve().unwrap();
+        let back: RunConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.hash(), c.hash());
+    }
+}
