@@ -12,6 +12,7 @@
 //! (docs/algorithm.md, "Summation order").
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -194,6 +195,78 @@ impl LossWindow {
     }
 }
 
+/// A step's record before evaluations and traffic are filled in.
+fn new_record(step: u64, started: Instant, loss: f32, lr: f32, outer: &OuterLoop) -> StepRecord {
+    StepRecord {
+        step,
+        time: started.elapsed().as_secs_f64(),
+        loss,
+        lr,
+        bytes_sent: 0,
+        bytes_received: 0,
+        weight: outer.weight(),
+        gossip_rounds: outer.rounds(),
+        consensus_distance: None,
+        weight_spread: None,
+        test_accuracy: None,
+        train_loss: None,
+    }
+}
+
+/// Writes a checkpoint of this worker at an outer boundary. Nothing may be
+/// in flight in a checkpoint: after an exact average nothing is; the
+/// noaverage variant settles first.
+fn save_checkpoint(
+    plan: &CheckpointPlan,
+    outer: &mut OuterLoop,
+    net: &mut CommExchange<'_>,
+    (epoch, position): (u64, usize),
+    losses: &LossWindow,
+    model: &Model,
+) -> Result<(), TrainError> {
+    if !outer.algorithm().slowmo.average {
+        outer.settle(net)?;
+    }
+    let ck = Checkpoint {
+        identity: plan.identity.clone(),
+        state: outer.state(),
+        epoch,
+        position,
+        losses: losses.0.iter().copied().collect(),
+    };
+    ck.save(&plan.dir, model.layout(), plan.keep)?;
+    Ok(())
+}
+
+/// An intermediate evaluation: collective (mean accuracy, spread, consensus
+/// distance over the workers), or with `own_only` this worker's alone, so
+/// that background gossip never waits for the slowest node.
+fn evaluate_into(
+    record: &mut StepRecord,
+    net: &mut CommExchange<'_>,
+    model: &mut Model,
+    outer: &mut OuterLoop,
+    (split, sample_len): (&Split, usize),
+    losses: &LossWindow,
+    own_only: bool,
+) -> Result<(), TrainError> {
+    let w = outer.weight();
+    let z = outer.params();
+    if own_only {
+        let own = model.evaluate(z, split, sample_len, EVAL_BATCH)?;
+        record.test_accuracy = Some(own.accuracy);
+        record.train_loss = Some(losses.mean());
+    } else {
+        let comm = &mut *net.comm;
+        let (snap, _) = snapshot(comm, model, z, w, split, sample_len, losses.mean())?;
+        record.consensus_distance = Some(snap.consensus_distance);
+        record.weight_spread = Some(snap.weight_spread);
+        record.test_accuracy = Some(snap.accuracy_mean as f32);
+        record.train_loss = Some(snap.train_loss_mean as f32);
+    }
+    Ok(())
+}
+
 /// Runs one worker to the end: SlowMo's Algorithm 1 (docs/algorithm.md, "The
 /// loop"). `on_step` sees every step's record.
 pub fn run_worker(
@@ -235,10 +308,7 @@ pub fn run_worker(
     }
 
     for step in outer.steps()..config.steps {
-        if stop
-            .as_ref()
-            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
-        {
+        if stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) {
             return Err(TrainError::Interrupted { step });
         }
         let lr = config.schedule.lr(config.lr, step, config.steps);
@@ -256,68 +326,31 @@ pub fn run_worker(
         let report = outer.step(&mut net, &mut grad, &mut loss, lr)?;
         losses.push(loss);
 
-        let mut record = StepRecord {
-            step,
-            time: started.elapsed().as_secs_f64(),
-            loss,
-            lr,
-            bytes_sent: 0,
-            bytes_received: 0,
-            weight: outer.weight(),
-            gossip_rounds: outer.rounds(),
-            consensus_distance: None,
-            weight_spread: None,
-            test_accuracy: None,
-            train_loss: None,
-        };
+        let mut record = new_record(step, started, loss, lr, &outer);
         if report.outer_boundary {
             record.consensus_distance = net.take_consensus();
             if let Some(plan) = &checkpoints
                 && outer.slowmo().outer_steps().is_multiple_of(plan.every)
             {
-                // Nothing may be in flight in a checkpoint; after an exact
-                // average nothing is.
-                if !config.algorithm.slowmo.average {
-                    outer.settle(&mut net)?;
-                }
-                let ck = Checkpoint {
-                    identity: plan.identity.clone(),
-                    state: outer.state(),
-                    epoch: batcher.epoch(),
-                    position: batcher.position(),
-                    losses: losses.0.iter().copied().collect(),
-                };
-                ck.save(&plan.dir, model.layout(), plan.keep)?;
+                let position = (batcher.epoch(), batcher.position());
+                save_checkpoint(plan, &mut outer, &mut net, position, &losses, &model)?;
             }
         }
         if config.eval_every > 0
             && (step + 1).is_multiple_of(config.eval_every)
             && step + 1 < config.steps
         {
-            let w = outer.weight();
-            let z = outer.params();
-            if config.algorithm.background_gossip {
-                // A collective evaluation would make every node wait for the
-                // slowest, which background gossip exists to avoid: evaluate
-                // this node's own parameters only.
-                let own = model.evaluate(z, &eval_split, sample_len, EVAL_BATCH)?;
-                record.test_accuracy = Some(own.accuracy);
-                record.train_loss = Some(losses.mean());
-            } else {
-                let (snap, _) = snapshot(
-                    &mut *net.comm,
-                    &mut model,
-                    z,
-                    w,
-                    &eval_split,
-                    sample_len,
-                    losses.mean(),
-                )?;
-                record.consensus_distance = Some(snap.consensus_distance);
-                record.weight_spread = Some(snap.weight_spread);
-                record.test_accuracy = Some(snap.accuracy_mean as f32);
-                record.train_loss = Some(snap.train_loss_mean as f32);
-            }
+            let own_only = config.algorithm.background_gossip;
+            let eval = (&eval_split, sample_len);
+            evaluate_into(
+                &mut record,
+                &mut net,
+                &mut model,
+                &mut outer,
+                eval,
+                &losses,
+                own_only,
+            )?;
         }
         let stats = net.comm.stats();
         record.bytes_sent = stats.bytes_sent;
