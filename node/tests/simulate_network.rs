@@ -116,3 +116,10 @@ fn a_profile_that_does_not_fit_the_run_names_the_file_and_the_key() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_example_profile_fits_a_four_worker_run() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/network-example.toml");
+    slowmo_node::simulate::load_network(&path, &config("")).unwrap();
+}

@@ -14,7 +14,8 @@ use crate::config::RunConfig;
 /// indices checked against the number of workers, its randomness seeded by
 /// the run's seed).
 pub fn load(path: &Path, config: &RunConfig) -> anyhow::Result<SimNetwork> {
-    let profile = NetworkProfile::from_file(path)?;
+    // The error's message already holds its cause: no chain to repeat it.
+    let profile = NetworkProfile::from_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     SimNetwork::new(&profile, config.workers, config.seed).with_context(|| {
         format!(
             "--network {} with {} workers",
