@@ -242,6 +242,27 @@ impl Ledger {
         self.mass
     }
 
+    /// The expected shares of rounds `<= up_to` not added yet, in `(round,
+    /// sender)` order.
+    pub fn pending(&self, up_to: u64) -> Vec<(u64, Rank)> {
+        self.expected
+            .range(..=up_to)
+            .flat_map(|(round, senders)| senders.iter().map(move |from| (*round, *from)))
+            .collect()
+    }
+
+    /// Stops expecting the share of `round` from `from`: it will never come
+    /// (lost on a simulated link, or its sender crashed). It adds no mass;
+    /// the mass it carried is gone.
+    pub fn forgo(&mut self, round: u64, from: Rank) {
+        if let Some(set) = self.expected.get_mut(&round) {
+            set.remove(&from);
+            if set.is_empty() {
+                self.expected.remove(&round);
+            }
+        }
+    }
+
     /// Whether every expected share of rounds `<= up_to` is in the inbox.
     /// Never blocks.
     pub fn arrived<P: SharePayload>(&self, inbox: &Inbox<P>, up_to: u64) -> bool {
@@ -356,12 +377,7 @@ impl Ledger {
             self.mass.shares_added += 1;
             self.mass.weight_added += share.weight;
             recycle(share.payload);
-            if let Some(set) = self.expected.get_mut(&round) {
-                set.remove(&from);
-                if set.is_empty() {
-                    self.expected.remove(&round);
-                }
-            }
+            self.forgo(round, from);
         }
         Ok(())
     }

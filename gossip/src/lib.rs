@@ -105,6 +105,21 @@ pub struct PushSumMass {
     pub weight_added: f64,
 }
 
+/// A worker's place in simulated time: the in-memory network with a network
+/// model (see [`simnet`]). Seconds of virtual time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct VirtualTime {
+    /// The worker's clock now.
+    pub clock: f64,
+    /// Base steps whose exchange has ended (every step before the latest
+    /// one), and the clock when the latest one began: `step_clock / steps`
+    /// is the worker's pace, free of the end-of-run collectives.
+    pub steps: u64,
+    pub step_clock: f64,
+    /// Compute time of one base step of this worker, without waits.
+    pub compute: f64,
+}
+
 /// The operations the training loop needs from the network.
 ///
 /// All operations are blocking; every rank of the run calls the collective
@@ -155,6 +170,18 @@ pub trait Communicator: Send {
         let bits: Vec<u64> = values.iter().map(|v| v.to_bits()).collect();
         let all = self.all_gather_u64(&bits)?;
         collectives::sum_f64_in_rank_order(&all, values)
+    }
+    /// The training loop is about to compute base step `step` (every step,
+    /// whether or not it gossips). A simulated network advances this
+    /// worker's virtual clock by the step's compute time, or fails with
+    /// [`CommError::Closed`] if the worker crashes there; others ignore it.
+    fn base_step(&mut self, step: u64) -> Result<(), CommError> {
+        let _ = step;
+        Ok(())
+    }
+    /// This worker's virtual time, when the network is simulated.
+    fn virtual_time(&self) -> Option<VirtualTime> {
+        None
     }
     /// Traffic so far.
     fn stats(&self) -> CommStats;

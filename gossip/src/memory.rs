@@ -7,16 +7,22 @@
 //! seed therefore gives the same bits.
 //!
 //! Delivery is synchronous: a share is in its receiver's inbox when `send`
-//! returns. When it arrives in the model's time is what [`Arrival`] says.
+//! returns. When it arrives in the model's time is what [`Arrival`] says,
+//! or, with a network model ([`MemoryNetwork::with_network`]), the seeded
+//! simulated network in virtual time (see `simulated`).
+
+mod simulated;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::ledger::{Inbox, Ledger, Mixing, Waiting};
+use crate::simnet::SimNetwork;
 use crate::{
-    CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank, push_sum_share, segment,
-    sum_scalars_in_rank_order, sum_segment_in_ring_order,
+    CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank, VirtualTime,
+    push_sum_share, segment, sum_scalars_in_rank_order, sum_segment_in_ring_order,
 };
+use simulated::Simulated;
 
 /// Bytes a push-sum message would take on the wire: payload plus weight.
 fn message_bytes(len: usize) -> u64 {
@@ -73,6 +79,8 @@ struct Reduce {
     arrived: usize,
     slots: Vec<Option<Contribution>>,
     result: Option<Arc<Vec<Contribution>>>,
+    /// Why no collective can complete any more (a simulated crash).
+    closed: Option<String>,
 }
 
 struct Shared {
@@ -98,6 +106,25 @@ impl MemoryNetwork {
 
     /// One communicator per rank, with the given arrival model.
     pub fn with_arrival(size: usize, timeout: Duration, arrival: Arrival) -> Vec<MemoryComm> {
+        Self::build(size, timeout, arrival, None)
+    }
+
+    /// One communicator per rank of `net`'s run, over the simulated network
+    /// in virtual time: deterministic given `net`'s seed, and background
+    /// gossip runs at each worker's own pace.
+    pub fn with_network(timeout: Duration, net: SimNetwork) -> Vec<MemoryComm> {
+        let size = net.world_size();
+        let sims = Simulated::workers(net, timeout);
+        Self::build(size, timeout, Arrival::Lockstep, Some(sims))
+    }
+
+    fn build(
+        size: usize,
+        timeout: Duration,
+        arrival: Arrival,
+        sims: Option<Vec<Simulated>>,
+    ) -> Vec<MemoryComm> {
+        let mut sims = sims.map(Vec::into_iter);
         let shared = Arc::new(Shared {
             size,
             timeout,
@@ -117,6 +144,7 @@ impl MemoryNetwork {
                 ledger: Ledger::new(Mixing::Due),
                 stats: CommStats::default(),
                 len: None,
+                sim: sims.as_mut().and_then(Iterator::next),
             })
             .collect()
     }
@@ -129,6 +157,7 @@ pub struct MemoryComm {
     ledger: Ledger,
     stats: CommStats,
     len: Option<usize>,
+    sim: Option<Simulated>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -170,6 +199,9 @@ impl MemoryComm {
         w: &mut f64,
         operation: &'static str,
     ) -> Result<(), CommError> {
+        if let (Some(sim), Some(up_to)) = (&mut self.sim, wait_up_to) {
+            sim.await_shares(&mut self.ledger, up_to)?;
+        }
         let before = self.ledger.mass().shares_added;
         let shared = self.shared.clone();
         let inbox = &shared.inboxes[self.rank];
@@ -186,17 +218,39 @@ impl MemoryComm {
     /// Puts a share of round `round` into `peer`'s inbox.
     fn send_share(&mut self, peer: Rank, round: u64, x: Vec<f32>, w: f64) -> Result<(), CommError> {
         let bytes = message_bytes(x.len());
-        self.shared.inboxes[peer]
-            .deliver(round, self.rank, w, x)
-            .map_err(|refusal| {
-                CommError::Other(format!(
-                    "push-sum share of round {round} from rank {} to rank {peer} refused: {refusal}",
-                    self.rank
-                ))
-            })?;
+        let (shared, rank) = (&self.shared, self.rank);
+        let deliver = move || {
+            shared.inboxes[peer]
+                .deliver(round, rank, w, x)
+                .map_err(|refusal| {
+                    CommError::Other(format!(
+                        "push-sum share of round {round} from rank {rank} to rank {peer} refused: {refusal}"
+                    ))
+                })
+        };
+        let arrives = match &mut self.sim {
+            Some(sim) => sim.send_share(peer, round, bytes, deliver)?,
+            None => deliver().map(|()| true)?,
+        };
         self.stats.messages_sent += 1;
         self.stats.bytes_sent += bytes;
+        if !arrives {
+            self.stats.messages_dropped += 1;
+        }
         Ok(())
+    }
+
+    fn enter_collective(&mut self) {
+        if let Some(sim) = &mut self.sim {
+            sim.enter_collective();
+        }
+    }
+
+    /// `bytes`: what each rank contributed.
+    fn leave_collective(&mut self, bytes: u64) {
+        if let Some(sim) = &mut self.sim {
+            sim.leave_collective(bytes);
+        }
     }
 
     /// Every rank's contribution, in rank order, once all have arrived.
@@ -225,6 +279,9 @@ impl MemoryComm {
         } else {
             let deadline = Instant::now() + shared.timeout;
             while state.generation == generation {
+                if let Some(reason) = &state.closed {
+                    return Err(CommError::Closed(reason.clone()));
+                }
                 let now = Instant::now();
                 if now >= deadline {
                     let missing = state.slots.iter().position(|s| s.is_none()).unwrap_or(0);
@@ -303,6 +360,9 @@ impl Communicator for MemoryComm {
     }
 
     fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
+        if let Some(sim) = &self.sim {
+            return sim.shares_arrived(&self.ledger, up_to);
+        }
         let inbox = &self.shared.inboxes[self.rank];
         match self.shared.arrival {
             Arrival::AsSent => Ok(self.ledger.arrived(inbox, up_to)),
@@ -323,6 +383,7 @@ impl Communicator for MemoryComm {
 
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
         let size = self.shared.size;
+        self.enter_collective();
         // Phase 1: everyone's contribution; phase 2: each rank sums its own
         // segment of the result over all contributions in the ring order (the
         // order of the network's reduce-scatter, so the bits are the same as
@@ -350,6 +411,7 @@ impl Communicator for MemoryComm {
             buf[segment(len, size, rank)].copy_from_slice(part);
         }
         *scalar = total;
+        self.leave_collective(message_bytes(len));
         // What a bandwidth-optimal ring all-reduce would move.
         if size > 1 {
             let bytes = 2 * (size as u64 - 1) * (4 * buf.len() as u64 + 8) / size as u64;
@@ -360,11 +422,14 @@ impl Communicator for MemoryComm {
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
+        self.enter_collective();
         let all = self.gather(Contribution::Floats(Vec::new(), 0.0), "barrier")?;
+        self.leave_collective(0);
         floats(&all).map(drop)
     }
 
     fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
+        self.enter_collective();
         let all = self.gather(Contribution::Words(values.to_vec()), "all-gather")?;
         let words = all
             .iter()
@@ -375,11 +440,27 @@ impl Communicator for MemoryComm {
             })
             .collect::<Result<Vec<_>, _>>()?;
         // What a ring all-gather would move.
-        let others: u64 =
-            words.iter().map(|v| 8 * v.len() as u64).sum::<u64>() - 8 * values.len() as u64;
+        let total: u64 = words.iter().map(|v| 8 * v.len() as u64).sum();
+        self.leave_collective(total);
+        let others = total - 8 * values.len() as u64;
         self.stats.bytes_sent += others;
         self.stats.bytes_received += others;
         Ok(words)
+    }
+
+    fn base_step(&mut self, step: u64) -> Result<(), CommError> {
+        let Some(sim) = &mut self.sim else {
+            return Ok(());
+        };
+        sim.base_step(step).inspect_err(|e| {
+            // Nobody can complete a collective with a crashed worker.
+            lock(&self.shared.reduce).closed = Some(e.to_string());
+            self.shared.reduce_done.notify_all();
+        })
+    }
+
+    fn virtual_time(&self) -> Option<VirtualTime> {
+        self.sim.as_ref().map(Simulated::virtual_time)
     }
 
     fn stats(&self) -> CommStats {

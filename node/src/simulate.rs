@@ -16,6 +16,9 @@ use crate::model::Model;
 use crate::model::ParamSpec;
 use crate::train::{CheckpointPlan, StepRecord, WorkerOutcome, WorkerSetup, run_worker};
 
+mod network;
+pub use network::{NetworkSummary, WorkerPace, load as load_network};
+
 /// Arguments of `slowmo simulate`.
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
@@ -32,6 +35,10 @@ pub struct SimulateArgs {
     pub quiet: bool,
     #[command(flatten)]
     pub checkpoints: CheckpointArgs,
+    /// Run over a simulated network described by this TOML profile (links,
+    /// node slowdowns, faults; see docs/network-example.toml).
+    #[arg(long, value_name = "FILE.toml")]
+    pub network: Option<PathBuf>,
 }
 
 /// The result of a simulated run.
@@ -56,6 +63,9 @@ pub struct SimulationSummary {
     pub wall_seconds: f64,
     /// Base steps per second of the whole simulation (all workers advance together).
     pub steps_per_second: f64,
+    /// With `--network`: each worker's pace in virtual time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSummary>,
     #[serde(skip)]
     pub averaged_params: Vec<f32>,
 }
@@ -100,6 +110,9 @@ impl SimulationSummary {
             "  wall time        {:.2} s ({:.1} steps/s)",
             self.wall_seconds, self.steps_per_second
         );
+        if let Some(network) = &self.network {
+            network.print();
+        }
     }
 }
 
@@ -179,6 +192,16 @@ pub fn simulate_with(
     checkpoints: &CheckpointArgs,
     on_step: &mut (dyn FnMut(&StepRecord) + Send),
 ) -> anyhow::Result<SimulationSummary> {
+    simulate_over(config, checkpoints, None, on_step)
+}
+
+/// [`simulate_with`], over a simulated network if one is given.
+pub fn simulate_over(
+    config: &RunConfig,
+    checkpoints: &CheckpointArgs,
+    network: Option<&slowmo_gossip::simnet::SimNetwork>,
+    on_step: &mut (dyn FnMut(&StepRecord) + Send),
+) -> anyhow::Result<SimulationSummary> {
     let started = Instant::now();
     let m = config.workers;
     let dataset = load_dataset(config)?;
@@ -200,8 +223,12 @@ pub fn simulate_with(
     )?;
     let topology: Arc<dyn slowmo_topologies::Topology> =
         Arc::from(slowmo_topologies::build(&config.graph, m)?);
-    let comms = MemoryNetwork::new(m, Duration::from_secs(600));
-    let outcomes: Vec<anyhow::Result<WorkerOutcome>> = std::thread::scope(|scope| {
+    let comms = match network {
+        Some(net) => MemoryNetwork::with_network(Duration::from_secs(600), net.clone()),
+        None => MemoryNetwork::new(m, Duration::from_secs(600)),
+    };
+    type Finished = (WorkerOutcome, Option<slowmo_gossip::VirtualTime>);
+    let outcomes: Vec<anyhow::Result<Finished>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         let mut on_step = Some(on_step);
         for ((mut comm, shard), resume) in comms.into_iter().zip(shards).zip(resume) {
@@ -218,7 +245,7 @@ pub fn simulate_with(
             let dataset = dataset.clone();
             let topology = topology.clone();
             let observer = if rank == 0 { on_step.take() } else { None };
-            handles.push(scope.spawn(move || -> anyhow::Result<WorkerOutcome> {
+            handles.push(scope.spawn(move || -> anyhow::Result<Finished> {
                 let model = build_model(config, &dataset, &candle_core::Device::Cpu)?;
                 let setup = WorkerSetup {
                     config: config.clone(),
@@ -235,7 +262,9 @@ pub fn simulate_with(
                     Some(f) => f,
                     None => &mut ignore,
                 };
-                run_worker(setup, &mut comm, observer).with_context(|| format!("worker {rank}"))
+                run_worker(setup, &mut comm, observer)
+                    .map(|o| (o, slowmo_gossip::Communicator::virtual_time(&comm)))
+                    .with_context(|| format!("worker {rank}"))
             }));
         }
         handles
@@ -246,7 +275,12 @@ pub fn simulate_with(
             })
             .collect()
     });
-    let outcomes = outcomes.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let (outcomes, times): (Vec<_>, Vec<_>) = outcomes
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    let dropped: Vec<u64> = outcomes.iter().map(|o| o.stats.messages_dropped).collect();
     let first = &outcomes[0];
     let wall = started.elapsed().as_secs_f64();
     Ok(SimulationSummary {
@@ -263,6 +297,7 @@ pub fn simulate_with(
         bytes_sent_per_worker: outcomes.iter().map(|o| o.stats.bytes_sent).sum::<u64>() / m as u64,
         wall_seconds: wall,
         steps_per_second: first.steps as f64 / wall,
+        network: NetworkSummary::new(&times, &dropped),
         averaged_params: first.averaged_params.clone(),
     })
 }
@@ -270,6 +305,11 @@ pub fn simulate_with(
 /// `slowmo simulate`.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let config = args.config.resolve()?;
+    let network = args
+        .network
+        .as_deref()
+        .map(|path| network::load(path, &config))
+        .transpose()?;
     let quiet = args.quiet;
     if !quiet {
         println!(
@@ -299,7 +339,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             );
         }
     };
-    let summary = simulate_with(&config, &args.checkpoints, &mut progress)?;
+    let summary = simulate_over(&config, &args.checkpoints, network.as_ref(), &mut progress)?;
     if !quiet {
         summary.print();
     }

@@ -323,6 +323,7 @@ pub fn run_worker(
         if !loss.is_finite() {
             return Err(TrainError::Diverged { step, loss });
         }
+        net.comm.base_step(step)?;
         let report = outer.step(&mut net, &mut grad, &mut loss, lr)?;
         losses.push(loss);
 

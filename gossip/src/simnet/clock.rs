@@ -58,6 +58,8 @@ struct Board {
     finished: Vec<bool>,
     /// The message a worker blocks on in `wait_arrival`.
     waiting: Vec<Option<MessageKey>>,
+    /// Workers inside a collective (see [`ClockBoard::enter_collective`]).
+    in_collective: Vec<bool>,
     posted: HashMap<MessageKey, Posted>,
 }
 
@@ -90,6 +92,7 @@ impl ClockBoard {
                 clocks: vec![0.0; size],
                 finished: vec![false; size],
                 waiting: vec![None; size],
+                in_collective: vec![false; size],
                 posted: HashMap::new(),
             }),
             changed: Condvar::new(),
@@ -124,7 +127,26 @@ impl ClockBoard {
 
     /// `rank` sends nothing more (end of its run, or a crash).
     pub fn finish(&self, rank: Rank) {
-        self.lock().finished[rank] = true;
+        let mut board = self.lock();
+        board.finished[rank] = true;
+        board.in_collective[rank] = false;
+        self.changed.notify_all();
+    }
+
+    /// `rank` enters a collective: it sends nothing until every worker has
+    /// entered it, and it leaves no earlier than the latest of their clocks,
+    /// so its bound is the largest clock of the workers still running.
+    pub fn enter_collective(&self, rank: Rank) {
+        self.lock().in_collective[rank] = true;
+        self.changed.notify_all();
+    }
+
+    /// `rank` leaves its collective at virtual time `to` (not before its
+    /// clock).
+    pub fn leave_collective(&self, rank: Rank, to: f64) {
+        let mut board = self.lock();
+        board.in_collective[rank] = false;
+        board.clocks[rank] = board.clocks[rank].max(to);
         self.changed.notify_all();
     }
 
@@ -168,6 +190,12 @@ impl ClockBoard {
     fn bound(&self, board: &Board, rank: Rank, depth: usize) -> f64 {
         if board.finished[rank] {
             return f64::INFINITY;
+        }
+        if board.in_collective[rank] {
+            let running = (0..self.size).filter(|r| !board.finished[*r]);
+            return running
+                .map(|r| board.clocks[r])
+                .fold(board.clocks[rank], f64::max);
         }
         let Some(key) = board.waiting[rank] else {
             return board.clocks[rank];
@@ -235,6 +263,31 @@ impl ClockBoard {
                 return Ok(p.arrival.is_some_and(|a| a <= now));
             }
             if self.bound(&board, key.from, 0) + self.lookahead(key.from, key.to) > now {
+                return Ok(false);
+            }
+            board = self
+                .wait(board, deadline)
+                .map_err(|board| self.stalled(&board, key))?;
+        }
+    }
+
+    /// Whether message `key` is settled by the receiver's clock: it has
+    /// arrived, or it is known never to arrive (lost, or its sender finished
+    /// without sending it) by the earliest time it could have arrived. Waits
+    /// like [`ClockBoard::arrived_by`].
+    pub fn settled_by(&self, key: MessageKey) -> Result<bool, Stalled> {
+        let deadline = Instant::now() + self.timeout;
+        let mut board = self.lock();
+        let now = board.clocks[key.to];
+        let lookahead = self.lookahead(key.from, key.to);
+        loop {
+            if let Some(p) = board.posted.get(&key) {
+                return Ok(p.arrival.unwrap_or(p.send_time + lookahead) <= now);
+            }
+            if board.finished[key.from] {
+                return Ok(board.clocks[key.from] + lookahead <= now);
+            }
+            if self.bound(&board, key.from, 0) + lookahead > now {
                 return Ok(false);
             }
             board = self

@@ -1,0 +1,188 @@
+//! The in-memory communicator over a simulated network: background gossip at
+//! each worker's own pace, replay from the seed, lost shares, crashes.
+
+use std::time::Duration;
+
+use slowmo_gossip::memory::MemoryNetwork;
+use slowmo_gossip::simnet::{NetworkProfile, SimNetwork};
+use slowmo_gossip::{CommError, CommStats, Communicator, PushSumRound, ReduceOp, VirtualTime};
+use slowmo_topologies::{DirectedExponential, Topology};
+
+const SLOW_WORKER: &str = r#"
+    compute_ms = 10
+    [default]
+    delay = "1ms"
+    jitter = "0.5ms"
+    rate = "100mbit"
+    [node.3]
+    cpu_slowdown = 3
+"#;
+
+struct Outcome {
+    x: Vec<f32>,
+    w: f64,
+    rounds: u64,
+    time: VirtualTime,
+    stats: CommStats,
+}
+
+/// Every worker takes `steps` base steps, gossiping each step (`background`:
+/// only once its previous round arrived, with staleness 1), then all catch
+/// up to the same round count and drain.
+fn run(profile: &str, seed: u64, steps: u64, background: bool) -> Vec<Result<Outcome, CommError>> {
+    let m = 4;
+    let graph = DirectedExponential::new(m).unwrap();
+    let profile = NetworkProfile::from_toml(profile).unwrap();
+    let net = SimNetwork::new(&profile, m, seed).unwrap();
+    let comms = MemoryNetwork::with_network(Duration::from_secs(30), net);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                let graph = graph.clone();
+                s.spawn(move || -> Result<Outcome, CommError> {
+                    let r = comm.rank();
+                    let mut x = vec![r as f32, (r * r) as f32, 1.0];
+                    let mut w = 1.0;
+                    let mut rounds = 0;
+                    for k in 0..steps {
+                        comm.base_step(k)?;
+                        let ready = rounds == 0 || comm.shares_arrived(rounds - 1)?;
+                        if !background || ready {
+                            push_round(&mut comm, &graph, background, &mut rounds, &mut x, &mut w)?;
+                        }
+                    }
+                    let mut target = [rounds];
+                    comm.all_reduce_u64(&mut target, ReduceOp::Max)?;
+                    while rounds < target[0] {
+                        push_round(&mut comm, &graph, background, &mut rounds, &mut x, &mut w)?;
+                    }
+                    let time = comm.virtual_time().expect("a simulated network");
+                    comm.drain(&mut x, &mut w)?;
+                    Ok(Outcome {
+                        x,
+                        w,
+                        rounds,
+                        time,
+                        stats: comm.stats(),
+                    })
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The worker's next push-sum round on the exponential graph.
+fn push_round(
+    comm: &mut dyn Communicator,
+    graph: &DirectedExponential,
+    background: bool,
+    rounds: &mut u64,
+    x: &mut [f32],
+    w: &mut f64,
+) -> Result<(), CommError> {
+    let r = comm.rank();
+    let (out, inn) = (graph.out_peers(r, *rounds), graph.in_peers(r, *rounds));
+    let call = PushSumRound {
+        round: *rounds,
+        out_peers: &out,
+        in_peers: &inn,
+        staleness: u64::from(background),
+    };
+    *rounds += 1;
+    comm.push_sum(&call, x, w)
+}
+
+fn pace(o: &Outcome) -> f64 {
+    o.time.step_clock / o.time.steps as f64
+}
+
+#[test]
+fn background_gossip_runs_at_each_workers_pace_and_replays_from_the_seed() {
+    let a: Vec<Outcome> = run(SLOW_WORKER, 5, 60, true)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let slow = pace(&a[3]);
+    assert!(
+        (slow - 0.03).abs() < 1e-9,
+        "the slow worker computes: {slow}"
+    );
+    for fast in &a[..3] {
+        assert!(pace(fast) < 0.6 * slow, "{} vs {slow}", pace(fast));
+        assert!((fast.time.compute - 0.01).abs() < 1e-12);
+    }
+    // Nothing was lost: the weights sum to the number of workers.
+    let total: f64 = a.iter().map(|o| o.w).sum();
+    assert!((total - 4.0).abs() < 1e-9, "{total}");
+    assert!(a.iter().all(|o| o.rounds == a[0].rounds && o.rounds < 60));
+    let b: Vec<Outcome> = run(SLOW_WORKER, 5, 60, true)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    for (p, q) in a.iter().zip(&b) {
+        assert_eq!(
+            (&p.x, p.w.to_bits(), p.rounds),
+            (&q.x, q.w.to_bits(), q.rounds)
+        );
+        assert_eq!(p.time, q.time);
+    }
+}
+
+#[test]
+fn synchronous_gossip_holds_every_worker_to_the_slow_one() {
+    let a: Vec<Outcome> = run(SLOW_WORKER, 5, 40, false)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let slow = pace(&a[3]);
+    for fast in &a[..3] {
+        assert!(pace(fast) > 0.8 * slow, "{} vs {slow}", pace(fast));
+    }
+}
+
+#[test]
+fn lost_shares_are_lost_mass_and_the_run_still_replays() {
+    let lossy = "compute_ms = 1\n[default]\ndelay = \"2ms\"\nloss = 0.2\n";
+    let run_lossy = || -> Vec<Outcome> {
+        run(lossy, 9, 50, false)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let a = run_lossy();
+    let dropped: u64 = a.iter().map(|o| o.stats.messages_dropped).sum();
+    let sent: u64 = a.iter().map(|o| o.stats.messages_sent).sum();
+    assert!(dropped > 0 && dropped < sent / 2, "{dropped} of {sent}");
+    let total: f64 = a.iter().map(|o| o.w).sum();
+    assert!(
+        total < 4.0 - 1e-6,
+        "mass went with the lost shares: {total}"
+    );
+    let b = run_lossy();
+    for (p, q) in a.iter().zip(&b) {
+        assert_eq!((&p.x, p.w.to_bits()), (&q.x, q.w.to_bits()));
+    }
+}
+
+#[test]
+fn a_crash_ends_the_worker_and_its_peers_learn_it_at_once() {
+    let crash = "compute_ms = 1\n[[fault]]\nkind = \"crash\"\nnode = 2\nat_step = 5\n";
+    let outcomes = run(crash, 1, 20, false);
+    match &outcomes[2] {
+        Err(CommError::Closed(why)) => assert!(why.contains("crashed at step 5"), "{why}"),
+        other => panic!(
+            "expected the crash, got {:?}",
+            other.as_ref().map(|o| o.rounds)
+        ),
+    }
+    for o in [&outcomes[0], &outcomes[1], &outcomes[3]] {
+        // Not a timeout: the final collective fails as soon as it is entered.
+        assert!(
+            matches!(o, Err(CommError::Closed(_))),
+            "{:?}",
+            o.as_ref().err()
+        );
+    }
+}
