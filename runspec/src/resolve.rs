@@ -13,6 +13,14 @@ use slowmo_topologies::GraphSpec;
 use crate::kinds::{DatasetKind, ModelKind, Partition};
 use crate::options::{ConfigError, TrainOptions, invalid};
 
+/// The largest staleness bound accepted: well inside the 256-round window
+/// over which peers accept shares, since a worker can run up to about the
+/// staleness times the graph's diameter rounds ahead of another.
+pub const MAX_STALENESS: u64 = 64;
+
+/// The largest per-worker mini-batch accepted.
+pub const MAX_BATCH_SIZE: usize = 1 << 16;
+
 impl TrainOptions {
     /// Fills defaults and validates.
     pub fn resolve(&self) -> Result<RunConfig, ConfigError> {
@@ -50,6 +58,17 @@ impl TrainOptions {
         s.validate().map_err(|e| invalid("slowmo", e.to_string()))?;
         if let Some(v) = self.staleness {
             algorithm.staleness = v;
+        }
+        if algorithm.staleness > MAX_STALENESS {
+            return Err(invalid(
+                "staleness",
+                format!(
+                    "{} is above {MAX_STALENESS}: a peer refuses shares more than 256 rounds \
+                     ahead of its own (the round window), and a worker may run up to about \
+                     staleness times the graph's diameter rounds ahead of another",
+                    algorithm.staleness
+                ),
+            ));
         }
         if algorithm.staleness > 0 && algorithm.base != Base::Osgp {
             return Err(invalid(
@@ -103,6 +122,15 @@ impl TrainOptions {
         let batch_size = self.batch_size.unwrap_or(32);
         if batch_size == 0 {
             return Err(invalid("batch_size", "must be at least 1"));
+        }
+        if batch_size > MAX_BATCH_SIZE {
+            return Err(invalid(
+                "batch_size",
+                format!(
+                    "{batch_size} is above {MAX_BATCH_SIZE} samples per worker and step \
+                     (a batch's inputs and activations must fit in memory)"
+                ),
+            ));
         }
         let hidden = self.hidden.clone().unwrap_or_else(|| vec![256]);
         if hidden.contains(&0) {
@@ -259,6 +287,29 @@ mod tests {
             ..Default::default()
         };
         assert!(opts.resolve().unwrap_err().to_string().contains("lr"));
+        for staleness in [MAX_STALENESS + 1, 300, u64::MAX] {
+            let opts = TrainOptions {
+                staleness: Some(staleness),
+                base: Some(Base::Osgp),
+                ..Default::default()
+            };
+            let e = opts.resolve().unwrap_err().to_string();
+            assert!(e.contains("staleness") && e.contains("round window"), "{e}");
+        }
+        let ok = TrainOptions {
+            staleness: Some(MAX_STALENESS),
+            base: Some(Base::Osgp),
+            ..Default::default()
+        };
+        assert_eq!(ok.resolve().unwrap().algorithm.staleness, MAX_STALENESS);
+        for batch_size in [MAX_BATCH_SIZE + 1, 100_000_000, usize::MAX] {
+            let opts = TrainOptions {
+                batch_size: Some(batch_size),
+                ..Default::default()
+            };
+            let e = opts.resolve().unwrap_err().to_string();
+            assert!(e.contains("batch_size") && e.contains("memory"), "{e}");
+        }
     }
 
     #[test]
