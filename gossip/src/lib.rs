@@ -9,6 +9,7 @@
 mod collectives;
 mod ledger;
 pub mod memory;
+mod ring;
 pub mod simnet;
 
 pub use collectives::ReduceOp;
@@ -208,7 +209,7 @@ pub fn exact_average(
 }
 
 /// Segment `i` of `n` elements cut into `m` near-equal contiguous parts: the
-/// unit of the exact average's summation order (see [`sum_in_ring_order`]).
+/// unit of the exact average's summation order (see [`sum_segment_in_ring_order`]).
 pub fn segment(n: usize, m: usize, i: usize) -> std::ops::Range<usize> {
     let at = |k: usize| ((k as u128 * n as u128) / m as u128) as usize;
     at(i)..at(i + 1)
@@ -218,7 +219,8 @@ pub fn segment(n: usize, m: usize, i: usize) -> std::ops::Range<usize> {
 /// "Summation order"): segment `j` of the buffer is summed starting with rank
 /// `j`'s values, then rank `j + 1`, ..., `j + m - 1` (mod m), which is the
 /// order in which a ring reduce-scatter adds them. `contributions[r]` is rank
-/// r's buffer; `out` receives segment `j` of the sum.
+/// r's buffer; `out` receives segment `j` of the sum. The reference the ring
+/// all-reduce (`ring.rs`) is tested against.
 pub fn sum_segment_in_ring_order(contributions: &[&[f32]], j: usize, out: &mut [f32]) {
     let m = contributions.len();
     let n = contributions.first().map_or(0, |c| c.len());

@@ -13,6 +13,8 @@
 
 mod simulated;
 
+mod ring;
+
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -20,7 +22,7 @@ use crate::ledger::{Inbox, Ledger, Mixing, Waiting};
 use crate::simnet::SimNetwork;
 use crate::{
     CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank, VirtualTime,
-    push_sum_share, segment, sum_scalars_in_rank_order, sum_segment_in_ring_order,
+    push_sum_share,
 };
 use simulated::Simulated;
 
@@ -52,6 +54,8 @@ enum Contribution {
     Floats(Vec<f32>, f64),
     /// All-gather of exact words.
     Words(Vec<u64>),
+    /// All-reduce over the ring: the buffer's length, checked first.
+    RingLength(usize),
 }
 
 /// The ranks' float contributions, or an error if some rank is in another
@@ -61,7 +65,7 @@ fn floats(all: &[Contribution]) -> Result<Vec<(&[f32], f64)>, CommError> {
         .enumerate()
         .map(|(rank, c)| match c {
             Contribution::Floats(v, s) => Ok((v.as_slice(), *s)),
-            Contribution::Words(_) => Err(out_of_order(rank)),
+            _ => Err(out_of_order(rank)),
         })
         .collect()
 }
@@ -137,9 +141,12 @@ impl MemoryNetwork {
             }),
             reduce_done: Condvar::new(),
         });
-        (0..size)
-            .map(|rank| MemoryComm {
+        ring::ring_ends(size)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, ring)| MemoryComm {
                 rank,
+                ring,
                 shared: shared.clone(),
                 ledger: Ledger::new(Mixing::Due),
                 stats: CommStats::default(),
@@ -153,6 +160,7 @@ impl MemoryNetwork {
 /// One rank's end of a [`MemoryNetwork`].
 pub struct MemoryComm {
     rank: Rank,
+    ring: ring::RingEnds,
     shared: Arc<Shared>,
     ledger: Ledger,
     stats: CommStats,
@@ -384,35 +392,26 @@ impl Communicator for MemoryComm {
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
         let size = self.shared.size;
         self.enter_collective();
-        // Phase 1: everyone's contribution; phase 2: each rank sums its own
-        // segment of the result over all contributions in the ring order (the
-        // order of the network's reduce-scatter, so the bits are the same as
-        // over the network and do not depend on scheduling), and the segments
-        // are gathered.
-        let gathered = self.gather(Contribution::Floats(buf.to_vec(), *scalar), "all-reduce")?;
-        let inputs = floats(&gathered)?;
-        // Every rank sees every length, so a mismatch fails them all alike.
-        if let Some((v, _)) = inputs.iter().find(|(v, _)| v.len() != buf.len()) {
-            return Err(CommError::ShapeMismatch {
-                expected: buf.len(),
-                got: v.len(),
-            });
+        // Every rank checks every rank's kind of collective and length
+        // first, so a mismatch fails them all alike; then the ring sums.
+        let lengths = self.gather(Contribution::RingLength(buf.len()), "all-reduce")?;
+        for (rank, c) in lengths.iter().enumerate() {
+            match c {
+                Contribution::RingLength(n) if *n == buf.len() => {}
+                Contribution::RingLength(n) => {
+                    return Err(CommError::ShapeMismatch {
+                        expected: buf.len(),
+                        got: *n,
+                    });
+                }
+                _ => return Err(out_of_order(rank)),
+            }
         }
-        let len = buf.len();
-        let mut part = vec![0f32; segment(len, size, self.rank).len()];
-        let views: Vec<&[f32]> = inputs.iter().map(|(v, _)| *v).collect();
-        sum_segment_in_ring_order(&views, self.rank, &mut part);
-        let total = sum_scalars_in_rank_order(inputs.iter().map(|(_, s)| *s));
-        drop(views);
-        drop(inputs);
-        drop(gathered);
-        let parts = self.gather(Contribution::Floats(part, total), "all-reduce")?;
-        for (rank, (part, _)) in floats(&parts)?.into_iter().enumerate() {
-            buf[segment(len, size, rank)].copy_from_slice(part);
-        }
-        *scalar = total;
-        self.leave_collective(message_bytes(len));
-        // What a bandwidth-optimal ring all-reduce would move.
+        drop(lengths);
+        let timeout = self.shared.timeout;
+        ring::all_reduce(&mut self.ring, self.rank, size, timeout, buf, scalar)?;
+        self.leave_collective(message_bytes(buf.len()));
+        // What a bandwidth-optimal ring all-reduce moves.
         if size > 1 {
             let bytes = 2 * (size as u64 - 1) * (4 * buf.len() as u64 + 8) / size as u64;
             self.stats.bytes_sent += bytes;
@@ -436,7 +435,7 @@ impl Communicator for MemoryComm {
             .enumerate()
             .map(|(rank, c)| match c {
                 Contribution::Words(v) => Ok(v.clone()),
-                Contribution::Floats(..) => Err(out_of_order(rank)),
+                _ => Err(out_of_order(rank)),
             })
             .collect::<Result<Vec<_>, _>>()?;
         // What a ring all-gather would move.

@@ -1,18 +1,11 @@
-//! Ring all-reduce: reduce-scatter then all-gather, pipelined in chunks.
-//!
-//! The buffer is cut into m segments; in m - 1 reduce-scatter steps each
-//! segment travels once round the ring, every rank adding its own values,
-//! and ends fully reduced on one rank; in m - 1 all-gather steps those bits
-//! are copied round the ring. Each rank sends and receives 2 (m - 1) / m of
-//! the buffer (the bandwidth optimum), every element is summed by exactly one
-//! rank in one order, and so every rank ends with the same bits. The scalar
-//! rides on the first chunk of segment 0 and is summed in rank order.
+//! The libp2p links of the ring all-reduce ([`crate::ring`]): chunks are
+//! frames of `all-reduce/1` to the right neighbour, read back from the
+//! reduce inbox and checked against what the ring expects.
 //!
 //! Memory: a segment moves in chunks of at most `chunk_floats`; a rank holds
 //! at most a few chunks in flight per neighbour (one queued for sending, one
 //! being written, one being read, one waiting to be added).
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,18 +17,14 @@ use super::links::Outgoing;
 use super::payload::{add_bytes, copy_bytes, encode_f32};
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{DType, Header, Kind, Reject, WIRE_VERSION, encode_header};
-use crate::{CommError, Rank, segment};
+use crate::ring::{ChunkHeader, Expected, Phase, RingLinks, ring_all_reduce};
+use crate::{CommError, Rank};
 
-/// Chunks of a segment; an empty segment is one empty chunk (it still
-/// carries the scalar and keeps the steps in lockstep).
-fn chunks(seg: Range<usize>, chunk: usize) -> Vec<Range<usize>> {
-    if seg.is_empty() {
-        return std::iter::once(seg.start..seg.start).collect();
+fn kind_of(phase: Phase) -> Kind {
+    match phase {
+        Phase::ReduceScatter => Kind::ReduceScatter,
+        Phase::AllGather => Kind::AllGather,
     }
-    (seg.start..seg.end)
-        .step_by(chunk)
-        .map(|s| s..(s + chunk).min(seg.end))
-        .collect()
 }
 
 /// Everything one collective needs.
@@ -90,26 +79,6 @@ impl Ring<'_> {
         }
     }
 
-    fn send(
-        &self,
-        kind: Kind,
-        step: u32,
-        range: Range<usize>,
-        total: usize,
-        buf: &[f32],
-        scalar: f64,
-    ) -> Result<(), CommError> {
-        let slice = &buf[range.clone()];
-        let (payload, sum) = encode_f32(slice, self.shared.pool.take(4 * slice.len()));
-        let header = Header {
-            weight: scalar,
-            offset: range.start as u64,
-            total: total as u64,
-            ..self.header(kind, step, range.len() as u64, sum)
-        };
-        self.send_frame(header, payload)
-    }
-
     /// Queues one frame for the right neighbour.
     pub(super) fn send_frame(&self, header: Header, payload: Vec<u8>) -> Result<(), CommError> {
         let msg = Outgoing {
@@ -127,16 +96,9 @@ impl Ring<'_> {
         }
     }
 
-    /// Waits for the next expected chunk from the left neighbour; anything
-    /// else is dropped and counted.
-    fn recv(
-        &mut self,
-        kind: Kind,
-        step: u32,
-        seg: &Range<usize>,
-        cursor: usize,
-        total: usize,
-    ) -> Result<ReduceMsg, CommError> {
+    /// Waits for the next frame from the left neighbour that is the chunk
+    /// `expected`; anything else is dropped and counted.
+    fn recv_chunk(&mut self, expected: &Expected) -> Result<ReduceMsg, CommError> {
         let m = self.view.members.len();
         let left = (self.rank + m - 1) % m;
         // Silence, not slowness, is what times out: the clock restarts with
@@ -160,38 +122,43 @@ impl Ring<'_> {
                 Err(_) => return Err(self.peer_timeout(left)),
             };
             let h = &msg.header;
-            if msg.from == left && h.round == self.seq && h.kind == Kind::Gather {
+            let ours = msg.from == left && h.round == self.seq;
+            if ours && h.kind == Kind::Gather {
                 return Err(self.other_collective(left, h.kind));
             }
-            if msg.from == left && h.round == self.seq && h.total != total as u64 {
-                return Err(CommError::ShapeMismatch {
-                    expected: total,
-                    got: h.total as usize,
-                });
-            }
-            let end = h.offset + h.len;
-            let fits = if seg.is_empty() {
-                h.len == 0
-            } else {
-                h.len > 0 && end <= seg.end as u64
-            };
             let reason = if msg.from != left {
                 Some(format!(
                     "all-reduce chunk from rank {}, expected the left neighbour {left}",
                     msg.from
                 ))
-            } else if h.round != self.seq || h.step != step || h.kind != kind {
+            } else if h.round != self.seq {
                 Some(format!(
-                    "all-reduce chunk of collective {} step {} ({:?}), expected {} step {step} ({kind:?})",
-                    h.round, h.step, h.kind, self.seq
-                ))
-            } else if h.offset != cursor as u64 || !fits {
-                Some(format!(
-                    "all-reduce chunk at {}..{end}, expected one starting at {cursor} inside {seg:?}",
-                    h.offset
+                    "all-reduce chunk of collective {} step {} ({:?}), expected {} step {} ({:?})",
+                    h.round,
+                    h.step,
+                    h.kind,
+                    self.seq,
+                    expected.step,
+                    kind_of(expected.phase)
                 ))
             } else {
-                None
+                let phase = match h.kind {
+                    Kind::AllGather => Phase::AllGather,
+                    _ => Phase::ReduceScatter,
+                };
+                let chunk = ChunkHeader {
+                    phase,
+                    step: h.step,
+                    offset: usize::try_from(h.offset).unwrap_or(usize::MAX),
+                    len: usize::try_from(h.len).unwrap_or(usize::MAX),
+                    total: usize::try_from(h.total).unwrap_or(usize::MAX),
+                    scalar: h.weight,
+                };
+                if h.kind == Kind::PushSum {
+                    Some("a push-sum frame on the all-reduce protocol".to_string())
+                } else {
+                    expected.check(&chunk)?
+                }
             };
             match reason {
                 None => return Ok(msg),
@@ -209,92 +176,51 @@ impl Ring<'_> {
 
     /// Sums `buf` and `scalar` over the ring.
     pub fn run(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
-        let m = self.view.members.len();
-        if m == 1 {
-            return Ok(());
-        }
-        let n = buf.len();
         let chunk = self
             .shared
             .cfg
             .chunk_floats
             .min((self.shared.cfg.max_message_bytes / 4) as usize)
             .max(1);
-        let own = *scalar;
-        // Our current value of segment 0's scalar: our own, then the partial
-        // sum of the ranks before us, then the total.
-        let mut scalar0 = own;
-        for step in 0..2 * (m - 1) {
-            let reduce = step < m - 1;
-            let t = if reduce { step } else { step - (m - 1) };
-            let (send_seg, recv_seg, kind) = if reduce {
-                (
-                    (self.rank + m - t) % m,
-                    (self.rank + 2 * m - t - 1) % m,
-                    Kind::ReduceScatter,
-                )
-            } else {
-                (
-                    (self.rank + 1 + m - t) % m,
-                    (self.rank + m - t) % m,
-                    Kind::AllGather,
-                )
-            };
-            let send_chunks = chunks(segment(n, m, send_seg), chunk);
-            let recv_range = segment(n, m, recv_seg);
-            let mut cursor = recv_range.start;
-            let mut recv_done = false;
-            let mut next_send = 0;
-            while next_send < send_chunks.len() || !recv_done {
-                if let Some(range) = send_chunks.get(next_send) {
-                    let first = range.start == segment(n, m, send_seg).start;
-                    let s = if send_seg == 0 && first { scalar0 } else { 0.0 };
-                    self.send(kind, step as u32, range.clone(), n, buf, s)?;
-                    next_send += 1;
-                }
-                if !recv_done {
-                    let msg = self.recv(kind, step as u32, &recv_range, cursor, n)?;
-                    let h = &msg.header;
-                    let r = h.offset as usize..(h.offset + h.len) as usize;
-                    if recv_seg == 0 && h.offset as usize == recv_range.start {
-                        scalar0 = if reduce { h.weight + own } else { h.weight };
-                    }
-                    if reduce {
-                        add_bytes(&mut buf[r.clone()], &msg.payload);
-                    } else {
-                        copy_bytes(&mut buf[r.clone()], &msg.payload);
-                    }
-                    cursor = r.end;
-                    self.shared.pool.give(msg.payload);
-                    recv_done = cursor == recv_range.end;
-                }
-            }
-        }
-        *scalar = scalar0;
-        Ok(())
+        let (rank, m) = (self.rank, self.view.members.len());
+        ring_all_reduce(self, rank, m, chunk, buf, scalar)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl RingLinks for Ring<'_> {
+    type Chunk = Vec<u8>;
 
-    #[test]
-    fn segments_cover_the_buffer_in_order() {
-        for (n, m) in [(10, 3), (2, 4), (0, 3), (7, 7), (1_000_003, 4)] {
-            let mut next = 0;
-            for i in 0..m {
-                let s = segment(n, m, i);
-                assert_eq!(s.start, next);
-                next = s.end;
-            }
-            assert_eq!(next, n);
-        }
+    fn send(&mut self, chunk: ChunkHeader, values: &[f32]) -> Result<(), CommError> {
+        let (payload, sum) = encode_f32(values, self.shared.pool.take(4 * values.len()));
+        let header = Header {
+            weight: chunk.scalar,
+            offset: chunk.offset as u64,
+            total: chunk.total as u64,
+            ..self.header(kind_of(chunk.phase), chunk.step, values.len() as u64, sum)
+        };
+        self.send_frame(header, payload)
     }
 
-    #[test]
-    fn chunks_cover_a_segment_and_empty_segments_have_one_chunk() {
-        assert_eq!(chunks(3..10, 4), vec![3..7, 7..10]);
-        assert_eq!(chunks(5..5, 4), vec![5..5]);
+    fn recv(&mut self, expected: &Expected) -> Result<(ChunkHeader, Vec<u8>), CommError> {
+        let msg = self.recv_chunk(expected)?;
+        let h = &msg.header;
+        let chunk = ChunkHeader {
+            phase: expected.phase,
+            step: h.step,
+            offset: h.offset as usize,
+            len: h.len as usize,
+            total: h.total as usize,
+            scalar: h.weight,
+        };
+        Ok((chunk, msg.payload))
+    }
+
+    fn apply(&mut self, payload: Vec<u8>, into: &mut [f32], add: bool) {
+        if add {
+            add_bytes(into, &payload);
+        } else {
+            copy_bytes(into, &payload);
+        }
+        self.shared.pool.give(payload);
     }
 }
