@@ -40,6 +40,35 @@ pub(crate) struct Ring<'a> {
 }
 
 impl Ring<'_> {
+    /// Rank of the left ring neighbour, from which every chunk comes.
+    pub(super) fn left(&self) -> Rank {
+        let m = self.view.members.len();
+        (self.rank + m - 1) % m
+    }
+
+    /// The next message in the collective inbox. Silence, not slowness, is
+    /// what times out: the left neighbour's clock restarts with every frame,
+    /// and with every byte of one still arriving; frames the caller rejects
+    /// do not restart it (`started` stays the caller's).
+    pub(super) fn next_from_left(&mut self, started: Instant) -> Result<ReduceMsg, CommError> {
+        let left = self.left();
+        let left_peer = self.view.members[left];
+        let wait = self.shared.cfg.peer_timeout;
+        let got = block_on_active(
+            self.rt,
+            self.shared,
+            &left_peer,
+            started,
+            wait,
+            self.inbox.recv(),
+        );
+        match got {
+            Ok(Some(msg)) => Ok(msg),
+            Ok(None) => Err(CommError::Closed("all-reduce inbox closed".into())),
+            Err(_) => Err(self.peer_timeout(left)),
+        }
+    }
+
     pub(super) fn peer_timeout(&self, rank: Rank) -> CommError {
         CommError::PeerTimeout {
             peer: self.view.members[rank].to_string(),
@@ -99,28 +128,10 @@ impl Ring<'_> {
     /// Waits for the next frame from the left neighbour that is the chunk
     /// `expected`; anything else is dropped and counted.
     fn recv_chunk(&mut self, expected: &Expected) -> Result<ReduceMsg, CommError> {
-        let m = self.view.members.len();
-        let left = (self.rank + m - 1) % m;
-        // Silence, not slowness, is what times out: the clock restarts with
-        // every chunk, and with every byte of one that is still arriving.
-        // Rejected chunks do not restart it.
+        let left = self.left();
         let started = Instant::now();
-        let left_peer = self.view.members[left];
-        let wait = self.shared.cfg.peer_timeout;
         loop {
-            let got = block_on_active(
-                self.rt,
-                self.shared,
-                &left_peer,
-                started,
-                wait,
-                self.inbox.recv(),
-            );
-            let msg = match got {
-                Ok(Some(msg)) => msg,
-                Ok(None) => return Err(CommError::Closed("all-reduce inbox closed".into())),
-                Err(_) => return Err(self.peer_timeout(left)),
-            };
+            let msg = self.next_from_left(started)?;
             let h = &msg.header;
             let ours = msg.from == left && h.round == self.seq;
             if ours && h.kind == Kind::Gather {

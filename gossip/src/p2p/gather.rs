@@ -11,7 +11,6 @@
 use std::time::Instant;
 
 use super::allreduce::Ring;
-use super::block_on_active;
 use super::state::ReduceMsg;
 use super::wire::{ALL_REDUCE_PROTOCOL, Header, Kind, Reject, checksum};
 use crate::{CommError, Rank};
@@ -65,25 +64,10 @@ impl Ring<'_> {
     /// left neighbour; frames that do not fit are dropped and counted, and
     /// one of another collective at our sequence number is an error.
     fn recv_block(&mut self, step: u32, origin: Rank) -> Result<ReduceMsg, CommError> {
-        let m = self.view.members.len();
-        let left = (self.rank + m - 1) % m;
-        let left_peer = self.view.members[left];
+        let left = self.left();
         let started = Instant::now();
-        let wait = self.shared.cfg.peer_timeout;
         loop {
-            let got = block_on_active(
-                self.rt,
-                self.shared,
-                &left_peer,
-                started,
-                wait,
-                self.inbox.recv(),
-            );
-            let msg = match got {
-                Ok(Some(msg)) => msg,
-                Ok(None) => return Err(CommError::Closed("all-reduce inbox closed".into())),
-                Err(_) => return Err(self.peer_timeout(left)),
-            };
+            let msg = self.next_from_left(started)?;
             let h = &msg.header;
             if msg.from == left && h.round == self.seq && h.kind != Kind::Gather {
                 return Err(self.other_collective(left, h.kind));
