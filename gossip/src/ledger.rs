@@ -183,6 +183,9 @@ pub(crate) struct Waiting<'a> {
     /// progress, so a slow share still arriving is not silence.
     pub deadline: &'a dyn Fn(Rank, Instant) -> Instant,
     pub peer_name: &'a dyn Fn(Rank) -> String,
+    /// Looked at before each wait and every [`crate::POLL`]: an error ends
+    /// the wait (an interrupt, a lost member).
+    pub check: &'a dyn Fn() -> Result<(), CommError>,
 }
 
 /// The training thread's side of push-sum.
@@ -300,6 +303,7 @@ impl Ledger {
         let started = Instant::now();
         let mut st = lock(&inbox.state);
         while let Some((round, from)) = self.first_missing(&st, up_to) {
+            (waiting.check)()?;
             let deadline = (waiting.deadline)(from, started);
             let now = Instant::now();
             if now >= deadline {
@@ -313,7 +317,7 @@ impl Ledger {
             }
             st = inbox
                 .arrived
-                .wait_timeout(st, deadline - now)
+                .wait_timeout(st, (deadline - now).min(crate::POLL))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }

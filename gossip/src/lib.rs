@@ -42,6 +42,21 @@ pub enum CommError {
     /// Anything else, described.
     #[error("{0}")]
     Other(String),
+    /// The operation was interrupted on request ([`Interrupt::raise`]).
+    #[error("interrupted on request")]
+    Interrupted,
+    /// A member of the view is gone (its connection closed, or a simulated
+    /// crash): the view must change ([`Communicator::change_view`]).
+    #[error("member {peer} (rank {rank}) is lost: {reason}")]
+    PeerLost {
+        peer: String,
+        rank: Rank,
+        reason: String,
+    },
+    /// Another member started a change of the view (it lost a peer, or
+    /// joiners wait): this operation cannot complete in the current view.
+    #[error("the view is changing: {0}")]
+    ViewChanging(String),
     /// Joining failed: our run identity differs from a peer of the run
     /// (a bootstrap peer) in `field`; `ours` is this node's value.
     #[error("refused by the run at peer {peer}: {field} differs: ours {ours} theirs {theirs}")]
@@ -65,6 +80,94 @@ pub enum CommError {
         missing: usize,
         detail: String,
     },
+}
+
+impl CommError {
+    /// Whether the run can go on in a new view without the peer this error
+    /// is about (a silent or lost member, or a view change started by
+    /// another member); see [`Communicator::change_view`].
+    pub fn needs_view_change(&self) -> bool {
+        matches!(
+            self,
+            CommError::PeerTimeout { .. } | CommError::PeerLost { .. } | CommError::ViewChanging(_)
+        )
+    }
+}
+
+/// Makes a communicator's blocked operations return
+/// [`CommError::Interrupted`] promptly (within about 100 ms), for example
+/// from a signal handler. Cloneable; raising it is permanent.
+#[derive(Debug, Clone, Default)]
+pub struct Interrupt(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Interrupt {
+    /// A handle not raised yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Interrupts every blocked and later operation.
+    pub fn raise(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether [`Interrupt::raise`] was called.
+    pub fn is_raised(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `Err(Interrupted)` once raised.
+    pub fn check(&self) -> Result<(), CommError> {
+        if self.is_raised() {
+            Err(CommError::Interrupted)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// How often a blocked wait looks at its [`Interrupt`] and at membership
+/// alarms.
+pub(crate) const POLL: Duration = Duration::from_millis(100);
+
+/// The outcome of [`Communicator::change_view`] for one worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewChange {
+    /// The worker is a member of the new view.
+    Member(NewView),
+    /// The worker is not in the new view (it sits in a minority partition,
+    /// or the others decided it was lost): it must pause and come back
+    /// through [`Communicator::rejoin`].
+    Excluded(String),
+}
+
+/// A view the live members agreed on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewView {
+    /// The view's number (it increases with every change).
+    pub number: u64,
+    /// This worker's rank in it.
+    pub rank: Rank,
+    /// Its size.
+    pub world: usize,
+    /// The outer iteration every member returns to: the latest barrier all
+    /// of them completed (each keeps the state of its last barriers).
+    pub rollback_to: u64,
+    /// Members of the old view that are not in the new one.
+    pub lost: Vec<String>,
+    /// Peers that joined in this change (they receive the state from the
+    /// new view's rank 0, see [`Communicator::send_state`]).
+    pub joined: Vec<String>,
+}
+
+/// What a joiner receives when it is admitted ([`Communicator::rejoin`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The view it joined.
+    pub view: NewView,
+    /// The training state sent by a member, opaque to this crate (the
+    /// transport verified its hash).
+    pub state: Vec<u8>,
 }
 
 /// One push-sum round as seen by one rank.
@@ -179,6 +282,42 @@ pub trait Communicator: Send {
     fn base_step(&mut self, step: u64) -> Result<(), CommError> {
         let _ = step;
         Ok(())
+    }
+    /// The handle that interrupts this communicator's blocked operations,
+    /// if it supports interruption.
+    fn interrupt_handle(&self) -> Option<Interrupt> {
+        None
+    }
+    /// After an operation failed with an error for which
+    /// [`CommError::needs_view_change`] holds: agree with the live members on
+    /// a new view. `last_barrier` is the newest outer iteration this worker
+    /// completed (and can return to). Transports without membership
+    /// changes return the error.
+    fn change_view(&mut self, last_barrier: u64) -> Result<ViewChange, CommError> {
+        let _ = last_barrier;
+        Err(CommError::Other(
+            "this transport cannot change the membership view".into(),
+        ))
+    }
+    /// Called by every member after each outer barrier `round` it completed
+    /// (a collective): `true` when the view must change here (joiners are
+    /// waiting), in which case the caller calls [`Communicator::change_view`].
+    fn at_barrier(&mut self, round: u64) -> Result<bool, CommError> {
+        let _ = round;
+        Ok(false)
+    }
+    /// The new view's rank 0, after a change with joiners: hands the
+    /// training state to them.
+    fn send_state(&mut self, state: &[u8]) -> Result<(), CommError> {
+        let _ = state;
+        Ok(())
+    }
+    /// A worker outside the view (excluded, or new): waits until the run
+    /// admits it at a barrier and returns its place and the state.
+    fn rejoin(&mut self) -> Result<Admission, CommError> {
+        Err(CommError::Other(
+            "this transport cannot admit a worker into a running view".into(),
+        ))
     }
     /// This worker's virtual time, when the network is simulated.
     fn virtual_time(&self) -> Option<VirtualTime> {

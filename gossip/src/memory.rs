@@ -11,9 +11,12 @@
 //! or, with a network model ([`MemoryNetwork::with_network`]), the seeded
 //! simulated network in virtual time (see `simulated`).
 
+mod faults;
 mod simulated;
 
 mod ring;
+
+pub use faults::{Fault, FaultScript};
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -21,9 +24,10 @@ use std::time::{Duration, Instant};
 use crate::ledger::{Inbox, Ledger, Mixing, Waiting};
 use crate::simnet::SimNetwork;
 use crate::{
-    CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank, VirtualTime,
-    push_sum_share,
+    Admission, CommError, CommStats, Communicator, Interrupt, PushSumMass, PushSumRound, Rank,
+    ViewChange, VirtualTime, push_sum_share,
 };
+use faults::Board;
 use simulated::Simulated;
 
 /// Bytes a push-sum message would take on the wire: payload plus weight.
@@ -122,6 +126,37 @@ impl MemoryNetwork {
         Self::build(size, timeout, Arrival::Lockstep, Some(sims))
     }
 
+    /// One communicator per worker of a run with scripted membership
+    /// faults (see [`FaultScript`]), and one more per `restart` in the
+    /// script: a worker that starts outside the view and waits in
+    /// [`Communicator::rejoin`]. Deterministic like [`MemoryNetwork::new`].
+    pub fn with_faults(
+        size: usize,
+        timeout: Duration,
+        script: FaultScript,
+    ) -> (Vec<MemoryComm>, Vec<MemoryComm>) {
+        let arrival = Arrival::Lockstep;
+        let joiners = script.joiners();
+        let build = Box::new(move |n: usize| handouts(n, timeout, arrival));
+        let board = Arc::new(Board::new(script, size, timeout, build));
+        let mut members = Self::build(size, timeout, arrival, None);
+        for c in &mut members {
+            c.board = Some(board.clone());
+        }
+        let rejoining = joiners
+            .into_iter()
+            .map(|id| {
+                let mut c = Self::build(1, timeout, arrival, None)
+                    .pop()
+                    .expect("one communicator");
+                c.id = id;
+                c.board = Some(board.clone());
+                c
+            })
+            .collect();
+        (members, rejoining)
+    }
+
     fn build(
         size: usize,
         timeout: Duration,
@@ -129,6 +164,35 @@ impl MemoryNetwork {
         sims: Option<Vec<Simulated>>,
     ) -> Vec<MemoryComm> {
         let mut sims = sims.map(Vec::into_iter);
+        handouts(size, timeout, arrival)
+            .into_iter()
+            .map(|h| MemoryComm {
+                id: h.rank,
+                rank: h.rank,
+                ring: h.ring,
+                shared: h.shared,
+                ledger: Ledger::new(Mixing::Due),
+                stats: CommStats::default(),
+                len: None,
+                sim: sims.as_mut().and_then(Iterator::next),
+                board: None,
+                step: 0,
+                rejoined: false,
+                interrupt: Interrupt::new(),
+            })
+            .collect()
+    }
+}
+
+/// One rank's place in a freshly built network.
+pub(crate) struct Handout {
+    rank: Rank,
+    ring: ring::RingEnds,
+    shared: Arc<Shared>,
+}
+
+fn handouts(size: usize, timeout: Duration, arrival: Arrival) -> Vec<Handout> {
+    {
         let shared = Arc::new(Shared {
             size,
             timeout,
@@ -144,14 +208,10 @@ impl MemoryNetwork {
         ring::ring_ends(size)
             .into_iter()
             .enumerate()
-            .map(|(rank, ring)| MemoryComm {
+            .map(|(rank, ring)| Handout {
                 rank,
                 ring,
                 shared: shared.clone(),
-                ledger: Ledger::new(Mixing::Due),
-                stats: CommStats::default(),
-                len: None,
-                sim: sims.as_mut().and_then(Iterator::next),
             })
             .collect()
     }
@@ -159,6 +219,8 @@ impl MemoryNetwork {
 
 /// One rank's end of a [`MemoryNetwork`].
 pub struct MemoryComm {
+    /// The worker's id in the run (its rank in the first view).
+    id: usize,
     rank: Rank,
     ring: ring::RingEnds,
     shared: Arc<Shared>,
@@ -166,6 +228,13 @@ pub struct MemoryComm {
     stats: CommStats,
     len: Option<usize>,
     sim: Option<Simulated>,
+    /// Scripted membership faults, shared by the run's workers.
+    board: Option<Arc<Board>>,
+    /// The base step begun last.
+    step: u64,
+    /// This communicator came in through [`Communicator::rejoin`].
+    rejoined: bool,
+    interrupt: Interrupt,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -177,17 +246,35 @@ fn worker_name(rank: Rank) -> String {
     format!("worker-{rank}")
 }
 
-/// Runs `f` with waits that give up `timeout` after they began.
-fn waiting<R>(timeout: Duration, f: impl FnOnce(&Waiting<'_>) -> R) -> R {
+/// Runs `f` with waits that give up `timeout` after they began, or once
+/// `interrupt` is raised.
+fn waiting<R>(timeout: Duration, interrupt: &Interrupt, f: impl FnOnce(&Waiting<'_>) -> R) -> R {
     let deadline = move |_: Rank, started: Instant| started + timeout;
+    let check = || interrupt.check();
     f(&Waiting {
         timeout,
         deadline: &deadline,
         peer_name: &worker_name,
+        check: &check,
     })
 }
 
 impl MemoryComm {
+    /// Takes a place in a new view's network; nothing of the old view's
+    /// push-sum rounds is kept.
+    fn install(&mut self, h: Handout) {
+        self.rank = h.rank;
+        self.ring = h.ring;
+        self.shared = h.shared;
+        self.ledger = Ledger::new(Mixing::Due);
+    }
+
+    fn board(&self) -> Result<&Arc<Board>, CommError> {
+        self.board
+            .as_ref()
+            .ok_or_else(|| CommError::Other("this in-memory run has no membership changes".into()))
+    }
+
     fn check_len(&mut self, len: usize) -> Result<(), CommError> {
         match self.len {
             None => {
@@ -214,7 +301,7 @@ impl MemoryComm {
         let shared = self.shared.clone();
         let inbox = &shared.inboxes[self.rank];
         let ledger = &mut self.ledger;
-        waiting(shared.timeout, |waiting| {
+        waiting(shared.timeout, &self.interrupt, |waiting| {
             ledger.collect(inbox, waiting, wait_up_to, x, w, operation, &mut drop)
         })?;
         let added = self.ledger.mass().shares_added - before;
@@ -376,7 +463,7 @@ impl Communicator for MemoryComm {
             Arrival::AsSent => Ok(self.ledger.arrived(inbox, up_to)),
             Arrival::Lockstep => {
                 let ledger = &self.ledger;
-                waiting(self.shared.timeout, |waiting| {
+                waiting(self.shared.timeout, &self.interrupt, |waiting| {
                     ledger.wait_arrived(inbox, up_to, waiting, "background push-sum")
                 })?;
                 Ok(true)
@@ -448,6 +535,11 @@ impl Communicator for MemoryComm {
     }
 
     fn base_step(&mut self, step: u64) -> Result<(), CommError> {
+        self.interrupt.check()?;
+        self.step = step;
+        if let Some(board) = &self.board {
+            board.base_step(self.id, step, self.rejoined)?;
+        }
         let Some(sim) = &mut self.sim else {
             return Ok(());
         };
@@ -460,6 +552,38 @@ impl Communicator for MemoryComm {
 
     fn virtual_time(&self) -> Option<VirtualTime> {
         self.sim.as_ref().map(Simulated::virtual_time)
+    }
+
+    fn interrupt_handle(&self) -> Option<Interrupt> {
+        Some(self.interrupt.clone())
+    }
+
+    fn change_view(&mut self, last_barrier: u64) -> Result<ViewChange, CommError> {
+        let board = self.board()?.clone();
+        let (change, handout) = board.change_view(self.id, self.step, last_barrier)?;
+        if let Some(h) = handout {
+            self.install(h);
+        }
+        Ok(change)
+    }
+
+    fn at_barrier(&mut self, steps: u64) -> Result<bool, CommError> {
+        Ok(self.board.as_ref().is_some_and(|b| b.at_barrier(steps)))
+    }
+
+    fn send_state(&mut self, state: &[u8]) -> Result<(), CommError> {
+        self.board()?.send_state(state);
+        Ok(())
+    }
+
+    fn rejoin(&mut self) -> Result<Admission, CommError> {
+        let board = self.board()?.clone();
+        let (admission, handout) = board.rejoin(self.id)?;
+        self.rejoined = true;
+        if let Some(h) = handout {
+            self.install(h);
+        }
+        Ok(admission)
     }
 
     fn stats(&self) -> CommStats {

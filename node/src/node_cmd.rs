@@ -254,6 +254,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         stop: Some(stop),
         checkpoints,
         resume,
+        join: false,
     };
 
     let mut metrics = match &args.metrics_jsonl {
@@ -337,6 +338,7 @@ fn summarize(
         s.worker_accuracy_mean = Some(o.worker_accuracy_mean);
         s.worker_accuracy_std = Some(o.worker_accuracy_std);
         s.consensus_distance = Some(o.consensus_distance);
+        s.view_changes = o.view_changes.clone();
         s.wall_seconds = o.wall_seconds;
         s.steps_per_second = o.steps as f64 / o.wall_seconds.max(1e-9);
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
-use slowmo_gossip::memory::MemoryNetwork;
+use slowmo_gossip::memory::{FaultScript, MemoryNetwork};
 
 use crate::checkpoint::{self, Checkpoint, CheckpointArgs, Identity};
 use crate::config::{ConfigArgs, RunConfig};
@@ -39,6 +39,11 @@ pub struct SimulateArgs {
     /// node slowdowns, faults; see docs/network-example.toml).
     #[arg(long, value_name = "FILE.toml")]
     pub network: Option<PathBuf>,
+    /// Membership faults at given base steps, e.g. `kill 3@200; restart
+    /// 3@400` or `partition 0-3|4-7@300..500` (or a file holding such
+    /// lines); see docs/algorithm.md, "Membership".
+    #[arg(long, value_name = "SCRIPT")]
+    pub faults: Option<String>,
 }
 
 /// The result of a simulated run.
@@ -66,6 +71,12 @@ pub struct SimulationSummary {
     /// With `--network`: each worker's pace in virtual time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkSummary>,
+    /// With `--faults`: the script, and the membership changes rank 0 of
+    /// the final view went through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub view_changes: Vec<crate::train::ViewEvent>,
     #[serde(skip)]
     pub averaged_params: Vec<f32>,
 }
@@ -112,6 +123,12 @@ impl SimulationSummary {
         );
         if let Some(network) = &self.network {
             network.print();
+        }
+        for v in &self.view_changes {
+            println!(
+                "  view {:<3}        at step {} back to step {}: {} workers (lost {:?}, joined {:?})",
+                v.view, v.at_step, v.resumed_from, v.world, v.lost, v.joined
+            );
         }
     }
 }
@@ -192,7 +209,24 @@ pub fn simulate_with(
     checkpoints: &CheckpointArgs,
     on_step: &mut (dyn FnMut(&StepRecord) + Send),
 ) -> anyhow::Result<SimulationSummary> {
-    simulate_over(config, checkpoints, None, on_step)
+    simulate_over(config, checkpoints, None, None, on_step)
+}
+
+/// Reads `--faults`: a script, or the name of a file holding one.
+pub fn load_faults(arg: &str, workers: usize) -> anyhow::Result<FaultScript> {
+    let path = std::path::Path::new(arg);
+    let text = if !arg.contains('@') && path.is_file() {
+        std::fs::read_to_string(path).with_context(|| format!("reading --faults {arg}"))?
+    } else {
+        arg.to_string()
+    };
+    FaultScript::parse(&text, workers).map_err(|e| anyhow::anyhow!("--faults: {e}"))
+}
+
+/// A worker the fault script killed (and did not bring back itself).
+fn killed_by_script(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| c.to_string().contains("killed by the fault script"))
 }
 
 /// [`simulate_with`], over a simulated network if one is given.
@@ -200,8 +234,12 @@ pub fn simulate_over(
     config: &RunConfig,
     checkpoints: &CheckpointArgs,
     network: Option<&slowmo_gossip::simnet::SimNetwork>,
+    faults: Option<&FaultScript>,
     on_step: &mut (dyn FnMut(&StepRecord) + Send),
 ) -> anyhow::Result<SimulationSummary> {
+    if faults.is_some() && network.is_some() {
+        anyhow::bail!("--faults and --network cannot be combined yet");
+    }
     let started = Instant::now();
     let m = config.workers;
     let dataset = load_dataset(config)?;
@@ -223,15 +261,28 @@ pub fn simulate_over(
     )?;
     let topology: Arc<dyn slowmo_topologies::Topology> =
         Arc::from(slowmo_topologies::build(&config.graph, m)?);
-    let comms = match network {
-        Some(net) => MemoryNetwork::with_network(Duration::from_secs(600), net.clone()),
-        None => MemoryNetwork::new(m, Duration::from_secs(600)),
+    let (comms, joiners) = match (network, faults) {
+        (Some(net), _) => (
+            MemoryNetwork::with_network(Duration::from_secs(600), net.clone()),
+            Vec::new(),
+        ),
+        (None, Some(script)) => {
+            MemoryNetwork::with_faults(m, Duration::from_secs(600), script.clone())
+        }
+        (None, None) => (MemoryNetwork::new(m, Duration::from_secs(600)), Vec::new()),
     };
+    // Restarted workers start outside the view and wait to be admitted.
+    let starts = comms
+        .into_iter()
+        .zip(shards)
+        .zip(resume)
+        .map(|((c, shard), resume)| (c, shard, resume, false))
+        .chain(joiners.into_iter().map(|c| (c, Vec::new(), None, true)));
     type Finished = (WorkerOutcome, Option<slowmo_gossip::VirtualTime>);
     let outcomes: Vec<anyhow::Result<Finished>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         let mut on_step = Some(on_step);
-        for ((mut comm, shard), resume) in comms.into_iter().zip(shards).zip(resume) {
+        for (mut comm, shard, resume, join) in starts {
             let rank = slowmo_gossip::Communicator::rank(&comm);
             let plan = checkpoints
                 .checkpoint_dir
@@ -244,7 +295,11 @@ pub fn simulate_over(
                 });
             let dataset = dataset.clone();
             let topology = topology.clone();
-            let observer = if rank == 0 { on_step.take() } else { None };
+            let observer = if rank == 0 && !join {
+                on_step.take()
+            } else {
+                None
+            };
             handles.push(scope.spawn(move || -> anyhow::Result<Finished> {
                 let model = build_model(config, &dataset, &candle_core::Device::Cpu)?;
                 let setup = WorkerSetup {
@@ -256,6 +311,7 @@ pub fn simulate_over(
                     stop: None,
                     checkpoints: plan,
                     resume,
+                    join,
                 };
                 let mut ignore = |_: &StepRecord| {};
                 let observer: &mut dyn FnMut(&StepRecord) = match observer {
@@ -275,13 +331,22 @@ pub fn simulate_over(
             })
             .collect()
     });
+    // A worker the script killed (and never brought back) has no outcome.
     let (outcomes, times): (Vec<_>, Vec<_>) = outcomes
         .into_iter()
+        .filter(|r| {
+            !r.as_ref()
+                .is_err_and(|e| faults.is_some() && killed_by_script(e))
+        })
         .collect::<anyhow::Result<Vec<_>>>()?
         .into_iter()
         .unzip();
     let dropped: Vec<u64> = outcomes.iter().map(|o| o.stats.messages_dropped).collect();
-    let first = &outcomes[0];
+    let first = outcomes
+        .iter()
+        .find(|o| o.rank == 0)
+        .context("no worker finished the run")?;
+    let m = first.world;
     let wall = started.elapsed().as_secs_f64();
     Ok(SimulationSummary {
         config: config.clone(),
@@ -298,6 +363,8 @@ pub fn simulate_over(
         wall_seconds: wall,
         steps_per_second: first.steps as f64 / wall,
         network: NetworkSummary::new(&times, &dropped),
+        faults: faults.map(|f| f.to_string()),
+        view_changes: first.view_changes.clone(),
         averaged_params: first.averaged_params.clone(),
     })
 }
@@ -339,7 +406,18 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             );
         }
     };
-    let summary = simulate_over(&config, &args.checkpoints, network.as_ref(), &mut progress)?;
+    let faults = args
+        .faults
+        .as_deref()
+        .map(|f| load_faults(f, config.workers))
+        .transpose()?;
+    let summary = simulate_over(
+        &config,
+        &args.checkpoints,
+        network.as_ref(),
+        faults.as_ref(),
+        &mut progress,
+    )?;
     if !quiet {
         summary.print();
     }

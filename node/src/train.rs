@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use serde::Serialize;
-use slowmo_gossip::{CommError, CommStats, Communicator};
+use slowmo_gossip::{CommError, CommStats, Communicator, NewView, ViewChange};
 use slowmo_optim::OuterLoop;
 use slowmo_topologies::Topology;
 
@@ -76,9 +76,12 @@ pub struct WorkerSetup {
     pub checkpoints: Option<CheckpointPlan>,
     /// Continue from this checkpoint instead of the start.
     pub resume: Option<Checkpoint>,
+    /// Start outside the view and wait to be admitted (a restarted or new
+    /// worker): the state comes from a member.
+    pub join: bool,
 }
 
-pub use slowmo_runspec::StepRecord;
+pub use slowmo_runspec::{StepRecord, ViewEvent};
 
 /// The outcome of one worker's run; the `mean_*`, `averaged_*` and
 /// `consensus_distance` fields are the same on every worker.
@@ -105,6 +108,10 @@ pub struct WorkerOutcome {
     pub averaged_params: Vec<f32>,
     pub stats: CommStats,
     pub wall_seconds: f64,
+    /// The size of the view the worker finished in.
+    pub world: usize,
+    /// Membership changes on the way.
+    pub view_changes: Vec<ViewEvent>,
 }
 
 fn mean_std(sum: f64, sum_sq: f64, n: f64) -> (f64, f64) {
@@ -267,8 +274,55 @@ fn evaluate_into(
     Ok(())
 }
 
+/// The state of a recent outer barrier, kept to return to after a view
+/// change (docs/algorithm.md, "Membership").
+#[derive(Clone)]
+struct RecoveryPoint {
+    outer_round: u64,
+    state: slowmo_optim::LoopState,
+    losses: Vec<f32>,
+}
+
+/// Barriers kept: members of a view are at most one barrier apart when a
+/// change begins (a barrier completes nowhere before every member entered
+/// it); the noaverage variant without a barrier collective may drift a
+/// little further.
+const RECOVERY_POINTS: usize = 4;
+
+/// Where this worker stands in the run's membership.
+struct Place {
+    rank: usize,
+    world: usize,
+}
+
+/// One worker's training state, across view changes.
+struct Worker<'s> {
+    config: RunConfig,
+    dataset: Arc<Dataset>,
+    model: Model,
+    topology: Arc<dyn Topology>,
+    stop: Option<Arc<std::sync::atomic::AtomicBool>>,
+    checkpoints: Option<CheckpointPlan>,
+    outer: OuterLoop,
+    batcher: Batcher,
+    losses: LossWindow,
+    grad: Vec<f32>,
+    eval_split: Split,
+    sample_len: usize,
+    push_sum: bool,
+    started: Instant,
+    points: std::collections::VecDeque<RecoveryPoint>,
+    place: Place,
+    events: Vec<ViewEvent>,
+    on_step: &'s mut dyn FnMut(&StepRecord),
+}
+
 /// Runs one worker to the end: SlowMo's Algorithm 1 (docs/algorithm.md, "The
-/// loop"). `on_step` sees every step's record.
+/// loop"). `on_step` sees every step's record. When the communicator reports
+/// a lost member (or another member starts a view change), the live members
+/// agree on a new view, return to the newest barrier all of them completed,
+/// re-derive ranks, graph and data shards, and go on; a worker outside the
+/// view (a partition's minority, a restart) waits to be admitted again.
 pub fn run_worker(
     setup: WorkerSetup,
     comm: &mut dyn Communicator,
@@ -279,11 +333,12 @@ pub fn run_worker(
         config,
         dataset,
         shard,
-        mut model,
+        model,
         topology,
         stop,
         checkpoints,
         resume,
+        join,
     } = setup;
     let rank = comm.rank();
     let sample_len = dataset.sample_len();
@@ -291,104 +346,356 @@ pub fn run_worker(
     // x_{0,0} is the same on every worker; the machine captures the anchor
     // before any step.
     let x0 = model.init_params(config.seed);
-    let mut grad = vec![0f32; x0.len()];
-    let mut outer = OuterLoop::new(config.algorithm.clone(), &config.optimizer, x0)
+    let grad = vec![0f32; x0.len()];
+    let outer = OuterLoop::new(config.algorithm.clone(), &config.optimizer, x0)
         .map_err(|e| TrainError::Comm(CommError::Other(e.to_string())))?;
-    let mut net = CommExchange::new(comm, &*topology, push_sum);
-    let mut batcher = Batcher::new(shard, config.seed ^ ((rank as u64 + 1) << 32));
-    let (mut images, mut labels) = (Vec::new(), Vec::new());
-    let mut losses = LossWindow::default();
+    let batcher = Batcher::new(shard, config.seed ^ ((rank as u64 + 1) << 32));
     let eval_split = head(&dataset.test, sample_len, EVAL_SAMPLES);
+    let mut w = Worker {
+        place: Place {
+            rank,
+            world: comm.world_size(),
+        },
+        config,
+        dataset,
+        model,
+        topology,
+        stop,
+        checkpoints,
+        outer,
+        batcher,
+        losses: LossWindow::default(),
+        grad,
+        eval_split,
+        sample_len,
+        push_sum,
+        started,
+        points: Default::default(),
+        events: Vec::new(),
+        on_step,
+    };
     if let Some(ck) = resume {
-        outer
+        w.outer
             .restore(ck.state)
             .map_err(|e| TrainError::Resume(e.to_string()))?;
-        batcher.seek(ck.epoch, ck.position);
-        ck.losses.into_iter().for_each(|l| losses.push(l));
+        w.batcher.seek(ck.epoch, ck.position);
+        ck.losses.into_iter().for_each(|l| w.losses.push(l));
+    }
+    if join {
+        w.rejoin(comm, 0)?;
+    } else {
+        w.record_point();
+    }
+    loop {
+        match w.train(comm) {
+            Ok(outcome) => return Ok(outcome),
+            Err(TrainError::Comm(e)) if e.needs_view_change() => {
+                tracing::warn!(
+                    "rank {} at step {}: {e}; changing the view",
+                    w.place.rank,
+                    w.outer.steps()
+                );
+                w.change_view(comm)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Worker<'_> {
+    fn record_point(&mut self) {
+        let round = self.outer.slowmo().outer_steps();
+        self.points.retain(|p| p.outer_round < round);
+        if self.points.len() == RECOVERY_POINTS {
+            self.points.pop_front();
+        }
+        self.points.push_back(RecoveryPoint {
+            outer_round: round,
+            state: self.outer.state(),
+            losses: self.losses.0.iter().copied().collect(),
+        });
     }
 
-    for step in outer.steps()..config.steps {
-        if stop.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) {
-            return Err(TrainError::Interrupted { step });
-        }
-        let lr = config.schedule.lr(config.lr, step, config.steps);
-        batcher.next_batch(
-            &dataset.train,
-            sample_len,
-            config.batch_size,
-            &mut images,
-            &mut labels,
-        );
-        let mut loss = model.loss_and_grad(outer.params(), &images, &labels, &mut grad)?;
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged { step, loss });
-        }
-        net.comm.base_step(step)?;
-        let report = outer.step(&mut net, &mut grad, &mut loss, lr)?;
-        losses.push(loss);
+    fn newest_round(&self) -> u64 {
+        self.points.back().map_or(0, |p| p.outer_round)
+    }
 
-        let mut record = new_record(step, started, loss, lr, &outer);
-        if report.outer_boundary {
-            record.consensus_distance = net.take_consensus();
-            if let Some(plan) = &checkpoints
-                && outer.slowmo().outer_steps().is_multiple_of(plan.every)
-            {
-                let position = (batcher.epoch(), batcher.position());
-                save_checkpoint(plan, &mut outer, &mut net, position, &losses, &model)?;
+    fn restore_point(&mut self, p: RecoveryPoint) -> Result<(), TrainError> {
+        self.outer
+            .restore(p.state)
+            .map_err(|e| TrainError::Resume(format!("returning to a barrier: {e}")))?;
+        self.losses = LossWindow::default();
+        p.losses.into_iter().for_each(|l| self.losses.push(l));
+        Ok(())
+    }
+
+    /// The identity a state transfer carries: the run's configuration and
+    /// the view it is for.
+    fn transfer_identity(&self, world: usize) -> Identity {
+        Identity {
+            config_hash: self.config.hash(),
+            run_id: "state-transfer".into(),
+            rank: 0,
+            world_size: world,
+        }
+    }
+
+    /// Ranks, graph and data shard of a new view. The data stream starts
+    /// afresh, seeded by the rank and the view number, so that every
+    /// transport derives the same one.
+    fn adopt(&mut self, view: &NewView) -> Result<(), TrainError> {
+        let other = |e: String| TrainError::Comm(CommError::Other(e));
+        let topology = slowmo_topologies::build(&self.config.graph, view.world)
+            .map_err(|e| other(format!("graph of the new view: {e}")))?;
+        let mut shards = crate::data::shard_indices(
+            &self.dataset.train.labels,
+            self.dataset.classes,
+            view.world,
+            self.config.partition,
+            self.config.seed,
+        )
+        .map_err(|e| other(format!("data shards of the new view: {e}")))?;
+        let shard = std::mem::take(&mut shards[view.rank]);
+        let seed = self.config.seed ^ ((view.rank as u64 + 1) << 32) ^ (view.number << 48);
+        self.batcher = Batcher::new(shard, seed);
+        self.topology = Arc::from(topology);
+        self.place = Place {
+            rank: view.rank,
+            world: view.world,
+        };
+        Ok(())
+    }
+
+    /// After a lost member or a change another member began: agree on the
+    /// new view, return to the agreed barrier, hand the state to joiners.
+    fn change_view(&mut self, comm: &mut dyn Communicator) -> Result<(), TrainError> {
+        let at_step = self.outer.steps();
+        match comm.change_view(self.newest_round())? {
+            ViewChange::Member(view) => {
+                let point = self
+                    .points
+                    .iter()
+                    .find(|p| p.outer_round == view.rollback_to)
+                    .cloned()
+                    .ok_or_else(|| {
+                        TrainError::Resume(format!(
+                            "the view returns to outer iteration {}, which this worker no longer \
+                             holds (it keeps {:?})",
+                            view.rollback_to,
+                            self.points
+                                .iter()
+                                .map(|p| p.outer_round)
+                                .collect::<Vec<_>>()
+                        ))
+                    })?;
+                self.restore_point(point)?;
+                self.adopt(&view)?;
+                if view.rank == 0 && !view.joined.is_empty() {
+                    let bytes = Checkpoint {
+                        identity: self.transfer_identity(view.world),
+                        state: self.outer.state(),
+                        epoch: 0,
+                        position: 0,
+                        losses: self.losses.0.iter().copied().collect(),
+                    }
+                    .to_bytes(self.model.layout())
+                    .map_err(|e| TrainError::Resume(format!("encoding the state: {e}")))?;
+                    comm.send_state(&bytes)?;
+                }
+                self.after_change(comm)?;
+                tracing::info!(
+                    "view {}: rank {} of {}, back at step {} (lost {:?}, joined {:?})",
+                    view.number,
+                    view.rank,
+                    view.world,
+                    self.outer.steps(),
+                    view.lost,
+                    view.joined
+                );
+                self.events.push(ViewEvent {
+                    view: view.number,
+                    at_step,
+                    resumed_from: self.outer.steps(),
+                    rank: view.rank,
+                    world: view.world,
+                    lost: view.lost,
+                    joined: view.joined,
+                    rejoined: false,
+                });
+                Ok(())
+            }
+            ViewChange::Excluded(why) => {
+                tracing::warn!("outside the new view ({why}); waiting to be admitted again");
+                self.rejoin(comm, at_step)
             }
         }
-        if config.eval_every > 0
-            && (step + 1).is_multiple_of(config.eval_every)
-            && step + 1 < config.steps
-        {
-            let own_only = config.algorithm.background_gossip;
-            let eval = (&eval_split, sample_len);
-            evaluate_into(
-                &mut record,
-                &mut net,
-                &mut model,
-                &mut outer,
-                eval,
-                &losses,
-                own_only,
-            )?;
-        }
-        let stats = net.comm.stats();
-        record.bytes_sent = stats.bytes_sent;
-        record.bytes_received = stats.bytes_received;
-        on_step(&record);
     }
 
-    // Nothing may stay in flight: add every late share before measuring.
-    outer.finish(&mut net)?;
-    let comm = net.comm;
-    let train_loss = losses.mean();
-    let w = outer.weight();
-    let (snap, own_accuracy) = snapshot(
-        comm,
-        &mut model,
-        outer.params(),
-        w,
-        &dataset.test,
-        sample_len,
-        train_loss,
-    )?;
-    let averaged = model.evaluate(&snap.z_bar, &dataset.test, sample_len, EVAL_BATCH)?;
-    Ok(WorkerOutcome {
-        rank,
-        steps: outer.steps(),
-        train_loss,
-        mean_train_loss: snap.train_loss_mean as f32,
-        test_accuracy: own_accuracy,
-        worker_accuracy_mean: snap.accuracy_mean as f32,
-        worker_accuracy_std: snap.accuracy_std as f32,
-        averaged_accuracy: averaged.accuracy,
-        averaged_loss: averaged.loss,
-        consensus_distance: snap.consensus_distance,
-        weight: w,
-        weight_spread: snap.weight_spread,
-        averaged_params: snap.z_bar,
-        stats: comm.stats(),
-        wall_seconds: started.elapsed().as_secs_f64(),
-    })
+    /// Waits until the run admits this worker, then continues from the
+    /// state a member sent.
+    fn rejoin(&mut self, comm: &mut dyn Communicator, at_step: u64) -> Result<(), TrainError> {
+        let admission = comm.rejoin()?;
+        let view = admission.view;
+        let expect = self.transfer_identity(view.world);
+        let ck = Checkpoint::from_bytes(
+            &admission.state,
+            self.model.layout(),
+            &expect,
+            std::path::Path::new("<state transfer>"),
+        )?;
+        self.outer
+            .restore(ck.state)
+            .map_err(|e| TrainError::Resume(format!("the state a member sent: {e}")))?;
+        self.losses = LossWindow::default();
+        ck.losses.into_iter().for_each(|l| self.losses.push(l));
+        self.adopt(&view)?;
+        self.after_change(comm)?;
+        tracing::info!(
+            "admitted to view {}: rank {} of {}, at step {}",
+            view.number,
+            view.rank,
+            view.world,
+            self.outer.steps()
+        );
+        self.events.push(ViewEvent {
+            view: view.number,
+            at_step,
+            resumed_from: self.outer.steps(),
+            rank: view.rank,
+            world: view.world,
+            lost: view.lost,
+            joined: view.joined,
+            rejoined: true,
+        });
+        Ok(())
+    }
+
+    /// Every member, old and new, after a change: the noaverage variant
+    /// re-normalizes the weights over the live members (mass that died with
+    /// a peer, or was in flight, is gone); the barrier states of the other
+    /// variants are already equal. Then the new view's first recovery point.
+    fn after_change(&mut self, comm: &mut dyn Communicator) -> Result<(), TrainError> {
+        if !self.outer.algorithm().slowmo.average && self.push_sum {
+            let topology = self.topology.clone();
+            let mut net = CommExchange::new(comm, &*topology, false);
+            self.outer.average_now(&mut net)?;
+        }
+        self.points.clear();
+        self.record_point();
+        Ok(())
+    }
+
+    /// Trains from the current state to the end of the run and measures.
+    fn train(&mut self, comm: &mut dyn Communicator) -> Result<WorkerOutcome, TrainError> {
+        let config = self.config.clone();
+        let sample_len = self.sample_len;
+        let topology = self.topology.clone();
+        let mut net = CommExchange::new(comm, &*topology, self.push_sum);
+        let (mut images, mut labels) = (Vec::new(), Vec::new());
+        for step in self.outer.steps()..config.steps {
+            if self
+                .stop
+                .as_ref()
+                .is_some_and(|f| f.load(Ordering::Relaxed))
+            {
+                return Err(TrainError::Interrupted { step });
+            }
+            let lr = config.schedule.lr(config.lr, step, config.steps);
+            self.batcher.next_batch(
+                &self.dataset.train,
+                sample_len,
+                config.batch_size,
+                &mut images,
+                &mut labels,
+            );
+            let mut loss =
+                self.model
+                    .loss_and_grad(self.outer.params(), &images, &labels, &mut self.grad)?;
+            if !loss.is_finite() {
+                return Err(TrainError::Diverged { step, loss });
+            }
+            net.comm.base_step(step)?;
+            let report = self.outer.step(&mut net, &mut self.grad, &mut loss, lr)?;
+            self.losses.push(loss);
+
+            let mut record = new_record(step, self.started, loss, lr, &self.outer);
+            if report.outer_boundary {
+                record.consensus_distance = net.take_consensus();
+                if let Some(plan) = &self.checkpoints
+                    && self.outer.slowmo().outer_steps().is_multiple_of(plan.every)
+                {
+                    let position = (self.batcher.epoch(), self.batcher.position());
+                    save_checkpoint(
+                        plan,
+                        &mut self.outer,
+                        &mut net,
+                        position,
+                        &self.losses,
+                        &self.model,
+                    )?;
+                }
+                self.record_point();
+                if net.comm.at_barrier(self.outer.steps())? {
+                    return Err(CommError::ViewChanging("peers wait to join".into()).into());
+                }
+            }
+            if config.eval_every > 0
+                && (step + 1).is_multiple_of(config.eval_every)
+                && step + 1 < config.steps
+            {
+                let own_only = config.algorithm.background_gossip;
+                let eval = (&self.eval_split, sample_len);
+                evaluate_into(
+                    &mut record,
+                    &mut net,
+                    &mut self.model,
+                    &mut self.outer,
+                    eval,
+                    &self.losses,
+                    own_only,
+                )?;
+            }
+            let stats = net.comm.stats();
+            record.bytes_sent = stats.bytes_sent;
+            record.bytes_received = stats.bytes_received;
+            (self.on_step)(&record);
+        }
+
+        // Nothing may stay in flight: add every late share before measuring.
+        self.outer.finish(&mut net)?;
+        let comm = net.comm;
+        let train_loss = self.losses.mean();
+        let w = self.outer.weight();
+        let (snap, own_accuracy) = snapshot(
+            comm,
+            &mut self.model,
+            self.outer.params(),
+            w,
+            &self.dataset.test,
+            sample_len,
+            train_loss,
+        )?;
+        let averaged =
+            self.model
+                .evaluate(&snap.z_bar, &self.dataset.test, sample_len, EVAL_BATCH)?;
+        Ok(WorkerOutcome {
+            rank: self.place.rank,
+            steps: self.outer.steps(),
+            train_loss,
+            mean_train_loss: snap.train_loss_mean as f32,
+            test_accuracy: own_accuracy,
+            worker_accuracy_mean: snap.accuracy_mean as f32,
+            worker_accuracy_std: snap.accuracy_std as f32,
+            averaged_accuracy: averaged.accuracy,
+            averaged_loss: averaged.loss,
+            consensus_distance: snap.consensus_distance,
+            weight: w,
+            weight_spread: snap.weight_spread,
+            averaged_params: snap.z_bar,
+            stats: comm.stats(),
+            wall_seconds: self.started.elapsed().as_secs_f64(),
+            world: self.place.world,
+            view_changes: self.events.clone(),
+        })
+    }
 }

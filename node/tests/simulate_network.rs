@@ -29,7 +29,14 @@ fn config(extra: &str) -> RunConfig {
 fn run(config: &RunConfig, profile: &str) -> SimulationSummary {
     let profile = NetworkProfile::from_toml(profile).unwrap();
     let net = SimNetwork::new(&profile, config.workers, config.seed).unwrap();
-    simulate_over(config, &CheckpointArgs::default(), Some(&net), &mut |_| {}).unwrap()
+    simulate_over(
+        config,
+        &CheckpointArgs::default(),
+        Some(&net),
+        None,
+        &mut |_| {},
+    )
+    .unwrap()
 }
 
 /// Each worker's mean virtual step time.

@@ -257,6 +257,15 @@ impl OuterLoop {
         self.finish(ex)
     }
 
+    /// An exact average of `(x, w)` now, outside the schedule: after a
+    /// membership change, the live members' consensus (`sum x / sum w`)
+    /// with `w = 1` again, whatever mass was lost. Collective.
+    pub fn average_now<E: Exchange>(&mut self, ex: &mut E) -> Result<(), E::Error> {
+        ex.exact_average(&mut self.state)?;
+        self.z_fresh = false;
+        Ok(())
+    }
+
     /// A copy of everything the loop holds.
     pub fn state(&self) -> LoopState {
         LoopState {

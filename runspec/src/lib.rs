@@ -14,6 +14,6 @@ mod table;
 pub use args::ConfigArgs;
 pub use kinds::{DatasetKind, ModelKind, Partition, PartitionError};
 pub use options::{ConfigError, TrainOptions};
-pub use records::{NodeSummary, StepRecord, last_record, step_rate, step_records};
+pub use records::{NodeSummary, StepRecord, ViewEvent, last_record, step_rate, step_records};
 pub use resolve::{MAX_BATCH_SIZE, MAX_STALENESS, RunConfig};
 pub use table::{ResultRow, human_bytes, results_table};

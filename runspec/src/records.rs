@@ -81,7 +81,31 @@ pub struct NodeSummary {
     pub messages_dropped: u64,
     pub wall_seconds: f64,
     pub steps_per_second: f64,
+    /// Membership changes this node went through, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub view_changes: Vec<ViewEvent>,
     pub config: RunConfig,
+}
+
+/// One membership change as a worker saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ViewEvent {
+    /// The new view's number.
+    pub view: u64,
+    /// Base steps this worker had completed when the change began.
+    pub at_step: u64,
+    /// The step training went on from (the barrier all members returned
+    /// to): `at_step - resumed_from` steps were redone.
+    pub resumed_from: u64,
+    /// The worker's rank and the view's size afterwards.
+    pub rank: usize,
+    pub world: usize,
+    /// Members that left (lost, or cut off by a partition) and peers that joined.
+    pub lost: Vec<String>,
+    pub joined: Vec<String>,
+    /// This worker was outside the view for a while (a partition's minority,
+    /// a restart) and came back through a join.
+    pub rejoined: bool,
 }
 
 impl NodeSummary {
@@ -105,6 +129,7 @@ impl NodeSummary {
             messages_dropped: 0,
             wall_seconds: 0.0,
             steps_per_second: 0.0,
+            view_changes: Vec::new(),
             config: config.clone(),
         }
     }

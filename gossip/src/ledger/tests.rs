@@ -14,7 +14,12 @@ const WAITING: Waiting<'static> = Waiting {
     timeout: TIMEOUT,
     deadline: &fixed,
     peer_name: &name,
+    check: &no_alarm,
 };
+
+fn no_alarm() -> Result<(), CommError> {
+    Ok(())
+}
 
 fn collect(
     ledger: &mut Ledger,
@@ -191,6 +196,7 @@ fn a_share_still_arriving_is_waited_for_past_the_timeout() {
         timeout: TIMEOUT,
         deadline: &deadline,
         peer_name: &name,
+        check: &no_alarm,
     };
     let mut ledger = Ledger::new(Mixing::Arrived);
     let (mut x, mut w) = (vec![1.0f32], 1.0);

@@ -12,11 +12,11 @@ use std::time::Instant;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
-use super::block_on_active;
 use super::links::Outgoing;
 use super::payload::{add_bytes, copy_bytes, encode_f32};
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{DType, Header, Kind, Reject, WIRE_VERSION, encode_header};
+use super::{Stopped, block_on_active};
 use crate::ring::{ChunkHeader, Expected, Phase, RingLinks, ring_all_reduce};
 use crate::{CommError, Rank};
 
@@ -65,7 +65,8 @@ impl Ring<'_> {
         match got {
             Ok(Some(msg)) => Ok(msg),
             Ok(None) => Err(CommError::Closed("all-reduce inbox closed".into())),
-            Err(_) => Err(self.peer_timeout(left)),
+            Err(Stopped::Alarm(e)) => Err(e),
+            Err(Stopped::Silent) => Err(self.peer_timeout(left)),
         }
     }
 
@@ -121,7 +122,8 @@ impl Ring<'_> {
         match block_on_active(self.rt, self.shared, &peer, Instant::now(), wait, send) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(CommError::Closed(format!("link to rank {right} is gone"))),
-            Err(_) => Err(self.peer_timeout(right)),
+            Err(Stopped::Alarm(e)) => Err(e),
+            Err(Stopped::Silent) => Err(self.peer_timeout(right)),
         }
     }
 

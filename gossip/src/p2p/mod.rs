@@ -195,6 +195,12 @@ impl P2pComm {
         with_peer_suffix(&self.listen, &self.shared.local)
     }
 
+    /// The handle that interrupts this node's blocked operations (for a
+    /// signal handler): they return [`CommError::Interrupted`] promptly.
+    pub fn interrupt_handle(&self) -> crate::Interrupt {
+        self.shared.interrupt.clone()
+    }
+
     /// Sends `bytes` as they are on one of our protocols to `peer`: for
     /// conformance tests and fuzzing (a peer that speaks our protocols by
     /// hand). Waits for the receiver to take the stream and, briefly, for it
@@ -296,10 +302,13 @@ impl P2pComm {
             Some(peer) => shared.activity.deadline(peer, started, timeout),
             None => started + timeout,
         };
+        let check_shared = self.shared.clone();
+        let check = move || check_shared.check();
         let waiting = Waiting {
             timeout,
             deadline: &deadline,
             peer_name: &name,
+            check: &check,
         };
         let pool = &self.shared.pool;
         self.push.collect(
@@ -465,10 +474,19 @@ impl Drop for PendingJoin {
     }
 }
 
+/// Why [`block_on_active`] gave up.
+pub(crate) enum Stopped {
+    /// `limit` passed without bytes moving to or from the peer.
+    Silent,
+    /// Interrupted, or the view cannot go on ([`Shared::check`]).
+    Alarm(CommError),
+}
+
 /// Runs `fut` on the node's runtime from a plain thread, giving up only
 /// after `limit` without any bytes moving to or from `peer` (see
 /// [`state::Activity`]), counted from `started` at the earliest: a slow
-/// transfer that progresses is waited for. (The timer must be created
+/// transfer that progresses is waited for. An interrupt or a membership
+/// alarm ends the wait within [`crate::POLL`]. (The timer must be created
 /// inside the runtime, hence the wrapper.)
 pub(crate) fn block_on_active<F: std::future::Future>(
     rt: &Runtime,
@@ -477,16 +495,18 @@ pub(crate) fn block_on_active<F: std::future::Future>(
     started: std::time::Instant,
     limit: Duration,
     fut: F,
-) -> Result<F::Output, tokio::time::error::Elapsed> {
+) -> Result<F::Output, Stopped> {
     rt.block_on(async move {
         let mut fut = std::pin::pin!(fut);
         loop {
+            shared.check().map_err(Stopped::Alarm)?;
             let deadline = shared.activity.deadline(peer, started, limit);
-            match tokio::time::timeout_at(deadline.into(), fut.as_mut()).await {
+            let slice = deadline.min(std::time::Instant::now() + crate::POLL);
+            match tokio::time::timeout_at(slice.into(), fut.as_mut()).await {
                 Ok(out) => return Ok(out),
-                Err(elapsed) => {
+                Err(_) => {
                     if shared.activity.deadline(peer, started, limit) <= std::time::Instant::now() {
-                        return Err(elapsed);
+                        return Err(Stopped::Silent);
                     }
                 }
             }
@@ -575,7 +595,8 @@ impl Communicator for P2pComm {
                     Ok(Err(_)) => {
                         return Err(CommError::Closed(format!("link to rank {peer} is gone")));
                     }
-                    Err(_) => {
+                    Err(Stopped::Alarm(e)) => return Err(e),
+                    Err(Stopped::Silent) => {
                         return Err(CommError::PeerTimeout {
                             peer: link.peer.to_string(),
                             rank: peer,

@@ -13,7 +13,7 @@ use super::config::P2pConfig;
 use super::payload::{BufferPool, LeBytes};
 use super::wire::{Header, Reject};
 use crate::ledger::Inbox;
-use crate::{CommStats, Rank};
+use crate::{CommError, CommStats, Interrupt, Rank};
 
 /// One membership view: who takes part, in rank order. Views are numbered so
 /// that a later view (after a barrier) can change the members without any
@@ -124,6 +124,12 @@ pub(crate) struct Shared {
     pub inbound_active: AtomicUsize,
     /// Set when the node shuts down: lost connections are expected then.
     pub stopping: Arc<AtomicBool>,
+    /// Raised from outside (a signal): every wait gives up.
+    pub interrupt: Interrupt,
+    /// Why the current view cannot go on: a member was lost, or another
+    /// member started a view change. Every wait of the training thread
+    /// gives up with it; a view change clears it.
+    pub alarm: Mutex<Option<CommError>>,
     offences: Mutex<HashMap<PeerId, u32>>,
 }
 
@@ -155,7 +161,32 @@ impl Shared {
             swarm,
             inbound_active: AtomicUsize::new(0),
             stopping: Arc::new(AtomicBool::new(false)),
+            interrupt: Interrupt::new(),
+            alarm: Mutex::new(None),
             offences: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `Err` once the node was interrupted or the view cannot go on.
+    pub fn check(&self) -> Result<(), CommError> {
+        self.interrupt.check()?;
+        match &*lock(&self.alarm) {
+            Some(CommError::PeerLost { peer, rank, reason }) => Err(CommError::PeerLost {
+                peer: peer.clone(),
+                rank: *rank,
+                reason: reason.clone(),
+            }),
+            Some(e) => Err(CommError::ViewChanging(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Raises the alarm (the first reason stays).
+    pub fn raise_alarm(&self, e: CommError) {
+        let mut a = lock(&self.alarm);
+        if a.is_none() {
+            tracing::warn!("{e}");
+            *a = Some(e);
         }
     }
 

@@ -1,0 +1,565 @@
+//! Membership faults scripted into an in-process run: workers killed,
+//! restarted, cut off by a partition and healed, at given base steps.
+//!
+//! ```text
+//! kill 3@200; restart 3@400; partition 0-3|4-7@300..500
+//! ```
+//! The script is exact, so a run replays bit for bit. The rules are the
+//! ones the libp2p transport follows (docs/algorithm.md, "Membership"):
+//! - `kill W@S`: worker W dies as it begins base step S; every other member
+//!   notices when it begins step S, and the live members agree on a view
+//!   without W, returning to the newest barrier they all completed.
+//! - `restart W@S`: W (killed earlier) asks to join again; it is admitted at
+//!   the first barrier at or after step S and receives the state from the
+//!   new view's rank 0.
+//! - `partition A|B@S..E`: from step S the sides cannot reach each other.
+//!   The side that holds a strict majority of the view goes on (with equal
+//!   halves, the side holding the view's rank 0); the other side pauses and
+//!   is admitted again at the first barrier at or after step E.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{Handout, lock};
+use crate::{Admission, CommError, NewView, ViewChange};
+
+/// One scripted fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    Kill {
+        worker: usize,
+        step: u64,
+    },
+    Restart {
+        worker: usize,
+        step: u64,
+    },
+    Partition {
+        sides: Vec<Vec<usize>>,
+        from: u64,
+        until: u64,
+    },
+}
+
+/// The faults of a run, in the order written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultScript {
+    pub faults: Vec<Fault>,
+}
+
+fn parse_worker(text: &str, workers: usize) -> Result<usize, String> {
+    let w: usize = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("worker `{text}`: {e}"))?;
+    if w >= workers {
+        return Err(format!("worker {w} is not below the {workers} workers"));
+    }
+    Ok(w)
+}
+
+fn parse_step(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse()
+        .map_err(|e| format!("step `{text}`: {e}"))
+}
+
+/// `0-3` or `0,2,5` or `4`.
+fn parse_side(text: &str, workers: usize) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in text.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (parse_worker(a, workers)?, parse_worker(b, workers)?);
+                if a > b {
+                    return Err(format!("range {a}-{b} runs backwards"));
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(parse_worker(part, workers)?),
+        }
+    }
+    Ok(out)
+}
+
+impl FaultScript {
+    /// Parses `kill W@S; restart W@S; partition A|B@S..E` (statements
+    /// separated by `;` or new lines) for a run of `workers`, and checks it:
+    /// a restart follows a kill of the same worker, partition sides are
+    /// disjoint and cover every worker, windows are not empty, no two faults
+    /// overlap in a way the rules do not define.
+    pub fn parse(text: &str, workers: usize) -> Result<Self, String> {
+        let mut faults = Vec::new();
+        for stmt in text.split([';', '\n']).map(str::trim) {
+            if stmt.is_empty() || stmt.starts_with('#') {
+                continue;
+            }
+            let (verb, rest) = stmt.split_once(char::is_whitespace).ok_or_else(|| {
+                format!("`{stmt}`: expected `kill W@S`, `restart W@S` or `partition A|B@S..E`")
+            })?;
+            let (what, when) = rest
+                .rsplit_once('@')
+                .ok_or_else(|| format!("`{stmt}`: no `@STEP`"))?;
+            let fault = match verb {
+                "kill" => Fault::Kill {
+                    worker: parse_worker(what, workers)?,
+                    step: parse_step(when)?,
+                },
+                "restart" => Fault::Restart {
+                    worker: parse_worker(what, workers)?,
+                    step: parse_step(when)?,
+                },
+                "partition" => {
+                    let sides = what
+                        .split('|')
+                        .map(|s| parse_side(s, workers))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let (from, until) = when
+                        .split_once("..")
+                        .ok_or_else(|| format!("`{stmt}`: a partition needs `@FROM..UNTIL`"))?;
+                    Fault::Partition {
+                        sides,
+                        from: parse_step(from)?,
+                        until: parse_step(until)?,
+                    }
+                }
+                other => return Err(format!("`{stmt}`: unknown fault `{other}`")),
+            };
+            faults.push(fault);
+        }
+        let script = Self { faults };
+        script.check(workers)?;
+        Ok(script)
+    }
+
+    fn check(&self, workers: usize) -> Result<(), String> {
+        let mut killed: HashMap<usize, u64> = HashMap::new();
+        for f in &self.faults {
+            match f {
+                Fault::Kill { worker, step } => {
+                    if *step == 0 {
+                        return Err(format!(
+                            "kill {worker}@0: a worker dies at step 1 at the earliest"
+                        ));
+                    }
+                    if killed.insert(*worker, *step).is_some() {
+                        return Err(format!("worker {worker} is killed twice"));
+                    }
+                }
+                Fault::Restart { worker, step } => match killed.remove(worker) {
+                    Some(k) if k < *step => {}
+                    _ => {
+                        return Err(format!(
+                            "restart {worker}@{step} needs an earlier `kill {worker}@S`"
+                        ));
+                    }
+                },
+                Fault::Partition { sides, from, until } => {
+                    if from >= until || *from == 0 {
+                        return Err(format!(
+                            "partition window {from}..{until} is empty or starts at 0"
+                        ));
+                    }
+                    if sides.len() != 2 {
+                        return Err(format!("a partition has two sides, not {}", sides.len()));
+                    }
+                    let mut all: Vec<usize> = sides.concat();
+                    all.sort_unstable();
+                    let n = all.len();
+                    all.dedup();
+                    if all.len() != n || n != workers {
+                        return Err(format!(
+                            "partition sides must be disjoint and cover all {workers} workers"
+                        ));
+                    }
+                }
+            }
+        }
+        if self.faults.len() > 1
+            && self
+                .faults
+                .iter()
+                .any(|f| matches!(f, Fault::Partition { .. }))
+        {
+            return Err("a partition cannot be combined with other faults in one script".into());
+        }
+        Ok(())
+    }
+
+    /// Workers that take part from the start.
+    pub fn joiners(&self) -> Vec<usize> {
+        self.faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::Restart { worker, .. } => Some(*worker),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl fmt::Display for FaultScript {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let side = |s: &[usize]| {
+            s.iter()
+                .map(|w| w.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let parts: Vec<String> = self
+            .faults
+            .iter()
+            .map(|x| match x {
+                Fault::Kill { worker, step } => format!("kill {worker}@{step}"),
+                Fault::Restart { worker, step } => format!("restart {worker}@{step}"),
+                Fault::Partition { sides, from, until } => {
+                    format!(
+                        "partition {}|{}@{from}..{until}",
+                        side(&sides[0]),
+                        side(&sides[1])
+                    )
+                }
+            })
+            .collect();
+        write!(f, "{}", parts.join("; "))
+    }
+}
+
+/// A change being agreed on.
+struct Pending {
+    /// Old members that report and stay.
+    expected: BTreeSet<usize>,
+    lost: BTreeSet<usize>,
+    joiners: BTreeSet<usize>,
+    reports: BTreeMap<usize, u64>,
+}
+
+struct BoardState {
+    view: u64,
+    /// Members by original worker id, sorted: rank = index.
+    members: Vec<usize>,
+    /// Faults already acted on (indices into the script).
+    done: BTreeSet<usize>,
+    /// Workers outside the view that wait to be admitted.
+    waiting: BTreeSet<usize>,
+    /// Workers cut off by a partition, with the step it heals.
+    cut_off: BTreeMap<usize, u64>,
+    pending: Option<Pending>,
+    /// The latest view built: each member's place in it.
+    built: HashMap<usize, (NewView, Option<Handout>)>,
+    /// The state rank 0 sent to the joiners of a view.
+    state: Option<(u64, Arc<Vec<u8>>)>,
+}
+
+/// What the workers of a faulted run share.
+pub(crate) struct Board {
+    script: FaultScript,
+    timeout: Duration,
+    build: Box<dyn Fn(usize) -> Vec<Handout> + Send + Sync>,
+    state: Mutex<BoardState>,
+    changed: Condvar,
+}
+
+impl Board {
+    pub fn new(
+        script: FaultScript,
+        workers: usize,
+        timeout: Duration,
+        build: Box<dyn Fn(usize) -> Vec<Handout> + Send + Sync>,
+    ) -> Self {
+        Self {
+            script,
+            timeout,
+            build,
+            state: Mutex::new(BoardState {
+                view: 0,
+                members: (0..workers).collect(),
+                done: BTreeSet::new(),
+                waiting: BTreeSet::new(),
+                cut_off: BTreeMap::new(),
+                pending: None,
+                built: HashMap::new(),
+                state: None,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Worker `id` begins base step `step`: it dies here, or learns that a
+    /// member died or a partition began.
+    pub fn base_step(&self, id: usize, step: u64, restarted: bool) -> Result<(), CommError> {
+        let st = lock(&self.state);
+        // A killed worker dies whether or not the others noticed already.
+        for f in &self.script.faults {
+            if let Fault::Kill { worker, step: s } = f
+                && *worker == id
+                && *s <= step
+                && !restarted
+            {
+                return Err(CommError::Closed(format!(
+                    "worker {id} killed by the fault script at step {s}"
+                )));
+            }
+        }
+        if st.pending.is_some() {
+            return Err(CommError::ViewChanging(
+                "another member began a view change".into(),
+            ));
+        }
+        for (i, f) in self.script.faults.iter().enumerate() {
+            if st.done.contains(&i) {
+                continue;
+            }
+            match f {
+                Fault::Kill { worker, step: s } if *s <= step => {
+                    if *worker == id {
+                        return Err(CommError::Closed(format!(
+                            "worker {id} killed by the fault script at step {s}"
+                        )));
+                    }
+                    if st.members.contains(worker) {
+                        return Err(CommError::PeerLost {
+                            peer: format!("worker-{worker}"),
+                            rank: st.members.iter().position(|m| m == worker).unwrap_or(0),
+                            reason: format!("killed by the fault script at step {s}"),
+                        });
+                    }
+                }
+                Fault::Partition { from, .. } if *from <= step => {
+                    return Err(CommError::ViewChanging(format!(
+                        "a partition began at step {from}"
+                    )));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// After the barrier that ends base step `steps - 1`: whether joiners
+    /// are admitted here.
+    pub fn at_barrier(&self, steps: u64) -> bool {
+        let st = lock(&self.state);
+        st.pending.is_some() || !self.admissible(&st, steps).is_empty()
+    }
+
+    /// Workers admitted at a barrier after `steps` base steps.
+    fn admissible(&self, st: &BoardState, steps: u64) -> BTreeSet<usize> {
+        let mut out = BTreeSet::new();
+        for (i, f) in self.script.faults.iter().enumerate() {
+            if let Fault::Restart { worker, step } = f
+                && !st.done.contains(&i)
+                && *step <= steps
+                && !st.members.contains(worker)
+            {
+                out.insert(*worker);
+            }
+        }
+        for (w, heal) in &st.cut_off {
+            if *heal <= steps {
+                out.insert(*w);
+            }
+        }
+        out
+    }
+
+    /// The change the first reporter of a view change sets up, from the
+    /// script: who is lost, who is cut off, who joins.
+    fn plan(&self, st: &mut BoardState, steps: u64) -> Pending {
+        let mut lost = BTreeSet::new();
+        let mut joiners = BTreeSet::new();
+        for (i, f) in self.script.faults.iter().enumerate() {
+            if st.done.contains(&i) {
+                continue;
+            }
+            match f {
+                Fault::Kill { worker, step } if *step <= steps => {
+                    lost.insert(*worker);
+                    st.done.insert(i);
+                }
+                Fault::Partition { sides, from, until } if *from <= steps => {
+                    let rank0 = st.members[0];
+                    let live =
+                        |side: &Vec<usize>| side.iter().filter(|w| st.members.contains(w)).count();
+                    let (a, b) = (live(&sides[0]), live(&sides[1]));
+                    let keep = if a != b {
+                        usize::from(b > a)
+                    } else {
+                        usize::from(!sides[0].contains(&rank0))
+                    };
+                    for w in &sides[1 - keep] {
+                        if st.members.contains(w) {
+                            lost.insert(*w);
+                            st.cut_off.insert(*w, *until);
+                        }
+                    }
+                    st.done.insert(i);
+                }
+                Fault::Restart { worker, step } if *step <= steps => {
+                    if !st.members.contains(worker) {
+                        joiners.insert(*worker);
+                        st.done.insert(i);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let healed: Vec<usize> = st
+            .cut_off
+            .iter()
+            .filter(|(_, heal)| **heal <= steps)
+            .map(|(w, _)| *w)
+            .collect();
+        for w in healed {
+            st.cut_off.remove(&w);
+            joiners.insert(w);
+        }
+        let expected = st
+            .members
+            .iter()
+            .copied()
+            .filter(|w| !lost.contains(w))
+            .collect();
+        Pending {
+            expected,
+            lost,
+            joiners,
+            reports: BTreeMap::new(),
+        }
+    }
+
+    fn wait<'a>(
+        &self,
+        mut st: std::sync::MutexGuard<'a, BoardState>,
+        started: Instant,
+        what: &str,
+        done: impl Fn(&BoardState) -> bool,
+    ) -> Result<std::sync::MutexGuard<'a, BoardState>, CommError> {
+        while !done(&st) {
+            let left = (started + self.timeout).saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CommError::Other(format!(
+                    "the simulated membership change timed out after {:?} waiting for {what}",
+                    self.timeout
+                )));
+            }
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(st)
+    }
+
+    /// Worker `id` (a member, `steps` base steps done, newest barrier
+    /// `last_barrier`) reports for the view change.
+    pub fn change_view(
+        &self,
+        id: usize,
+        steps: u64,
+        last_barrier: u64,
+    ) -> Result<(ViewChange, Option<Handout>), CommError> {
+        let started = Instant::now();
+        let mut st = lock(&self.state);
+        if !st.members.contains(&id) {
+            return Ok((
+                ViewChange::Excluded("not a member of the view".into()),
+                None,
+            ));
+        }
+        if st.pending.is_none() {
+            let plan = self.plan(&mut st, steps);
+            st.pending = Some(plan);
+        }
+        if st.pending.as_ref().is_some_and(|p| p.lost.contains(&id)) {
+            let why = match st.cut_off.get(&id) {
+                Some(heal) => format!("cut off by a partition until step {heal}"),
+                None => "declared lost".into(),
+            };
+            return Ok((ViewChange::Excluded(why), None));
+        }
+        let pending = st.pending.as_mut().expect("set above");
+        pending.reports.insert(id, last_barrier);
+        let complete = pending.reports.len() == pending.expected.len();
+        let view = st.view;
+        if complete {
+            // The joiners must be waiting before the view is handed out.
+            let joiners = st.pending.as_ref().expect("set above").joiners.clone();
+            st = self.wait(st, started, "joiners", |s| joiners.is_subset(&s.waiting))?;
+            self.build_view(&mut st);
+            self.changed.notify_all();
+        } else {
+            st = self.wait(st, started, "the other members' reports", |s| s.view > view)?;
+        }
+        let (nv, handout) = st
+            .built
+            .remove(&id)
+            .ok_or_else(|| CommError::Other(format!("worker {id} has no place in the new view")))?;
+        Ok((ViewChange::Member(nv), handout))
+    }
+
+    fn build_view(&self, st: &mut BoardState) {
+        let p = st.pending.take().expect("a change in progress");
+        let rollback_to = p.reports.values().copied().min().unwrap_or(0);
+        let members: Vec<usize> = p
+            .expected
+            .iter()
+            .chain(&p.joiners)
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut handouts = (self.build)(members.len()).into_iter();
+        st.view += 1;
+        st.built.clear();
+        for (rank, w) in members.iter().enumerate() {
+            let nv = NewView {
+                number: st.view,
+                rank,
+                world: members.len(),
+                rollback_to,
+                lost: p.lost.iter().map(|w| format!("worker-{w}")).collect(),
+                joined: p.joiners.iter().map(|w| format!("worker-{w}")).collect(),
+            };
+            st.built.insert(*w, (nv, handouts.next()));
+        }
+        for w in &p.joiners {
+            st.waiting.remove(w);
+        }
+        st.members = members;
+    }
+
+    /// Rank 0 of a view with joiners hands over the state.
+    pub fn send_state(&self, bytes: &[u8]) {
+        let mut st = lock(&self.state);
+        st.state = Some((st.view, Arc::new(bytes.to_vec())));
+        self.changed.notify_all();
+    }
+
+    /// Worker `id` waits outside the view until it is admitted.
+    pub fn rejoin(&self, id: usize) -> Result<(Admission, Option<Handout>), CommError> {
+        let mut st = lock(&self.state);
+        st.waiting.insert(id);
+        self.changed.notify_all();
+        // Outside the view nothing times out: a partition may last long.
+        loop {
+            if let Some((nv, _)) = st.built.get(&id) {
+                let number = nv.number;
+                if st.state.as_ref().is_some_and(|(v, _)| *v == number) {
+                    break;
+                }
+            }
+            st = self
+                .changed
+                .wait_timeout(st, Duration::from_secs(1))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let (view, handout) = st.built.remove(&id).expect("checked above");
+        let state = st.state.as_ref().expect("checked above").1.to_vec();
+        Ok((Admission { view, state }, handout))
+    }
+}

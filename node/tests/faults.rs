@@ -1,0 +1,108 @@
+//! Scripted membership faults in the simulator (`simulate --faults`): a
+//! killed worker does not stop the run, a restarted one is admitted with the
+//! members' state, a partition's minority pauses and comes back, and every
+//! scripted run replays bit for bit.
+
+use slowmo_gossip::memory::FaultScript;
+use slowmo_node::checkpoint::CheckpointArgs;
+use slowmo_node::config::{RunConfig, TrainOptions};
+use slowmo_node::simulate::{SimulationSummary, simulate_over};
+
+fn config(extra: &str) -> RunConfig {
+    let base = "workers = 8\nhidden = [32]\nbatch_size = 16\neval_every = 0\nsteps = 96\ntau = 8\n";
+    TrainOptions::from_toml(&format!("{base}{extra}"))
+        .unwrap()
+        .resolve()
+        .unwrap()
+}
+
+fn run(config: &RunConfig, script: &str) -> SimulationSummary {
+    let faults = FaultScript::parse(script, config.workers).unwrap();
+    simulate_over(
+        config,
+        &CheckpointArgs::default(),
+        None,
+        Some(&faults),
+        &mut |_| {},
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_killed_worker_leaves_the_others_to_finish_from_the_last_barrier() {
+    let c = config("");
+    let s = run(&c, "kill 3@30");
+    assert_eq!(s.workers, 7);
+    assert_eq!(s.steps, 96);
+    assert_eq!(s.view_changes.len(), 1);
+    let v = &s.view_changes[0];
+    assert_eq!((v.at_step, v.resumed_from, v.world), (30, 24, 7));
+    assert_eq!(v.lost, vec!["worker-3".to_string()]);
+    assert!(
+        s.test_accuracy.is_finite() && s.test_accuracy > 0.3,
+        "{}",
+        s.test_accuracy
+    );
+}
+
+#[test]
+fn a_restarted_worker_is_admitted_at_the_next_barrier_and_every_run_replays() {
+    for preset in [
+        "",
+        "preset = \"sgp\"\n",
+        "preset = \"sgp-slowmo\"\naverage = false\n",
+    ] {
+        let c = config(preset);
+        let a = run(&c, "kill 2@20; restart 2@50");
+        let b = run(&c, "kill 2@20; restart 2@50");
+        assert_eq!(a.workers, 8, "{preset}");
+        assert_eq!(a.view_changes.len(), 2, "{preset}");
+        assert_eq!(a.view_changes[1].joined, vec!["worker-2".to_string()]);
+        assert_eq!(a.view_changes[1].resumed_from, 56, "{preset}");
+        assert_eq!(
+            a.averaged_params, b.averaged_params,
+            "{preset}: a scripted run replays"
+        );
+        // The fault changed the trajectory.
+        let clean = simulate_over(&c, &CheckpointArgs::default(), None, None, &mut |_| {}).unwrap();
+        assert_ne!(clean.averaged_params, a.averaged_params, "{preset}");
+    }
+}
+
+#[test]
+fn a_partition_pauses_the_minority_and_heals_into_one_model() {
+    let c = config("");
+    let s = run(&c, "partition 0-2|3-7@20..60");
+    assert_eq!(s.workers, 8);
+    assert_eq!(s.view_changes.len(), 2);
+    // The majority (3-7) went on alone, then took the others back.
+    assert_eq!(s.view_changes[0].world, 5);
+    assert_eq!(s.view_changes[1].world, 8);
+    assert_eq!(s.view_changes[1].resumed_from, 64);
+    // One model at the end: every worker's parameters equal after the last
+    // exact average.
+    assert!(s.consensus_distance < 1e-6, "{}", s.consensus_distance);
+    // Equal halves: the side holding rank 0 goes on.
+    let t = run(&c, "partition 4-7|0-3@20..60");
+    assert_eq!(t.view_changes[0].lost.len(), 4);
+    assert!(t.view_changes[0].lost.contains(&"worker-4".to_string()));
+}
+
+#[test]
+fn bad_scripts_are_refused_with_the_reason() {
+    let cases = [
+        ("kill 9@10", "not below the 8 workers"),
+        ("restart 2@10", "needs an earlier `kill 2@S`"),
+        ("kill 2@10; kill 2@20", "killed twice"),
+        ("partition 0-3|3-7@10..20", "disjoint"),
+        ("partition 0-3|4-7@20..10", "empty"),
+        ("explode 1@2", "unknown fault"),
+        ("kill 1", "no `@STEP`"),
+    ];
+    for (script, want) in cases {
+        let e = FaultScript::parse(script, 8).unwrap_err();
+        assert!(e.contains(want), "{script}: {e}");
+    }
+    let ok = FaultScript::parse("kill 3@200; restart 3@400", 8).unwrap();
+    assert_eq!(ok.to_string(), "kill 3@200; restart 3@400");
+}
