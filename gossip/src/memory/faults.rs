@@ -397,11 +397,11 @@ impl Board {
                     }
                     st.done.insert(i);
                 }
-                Fault::Restart { worker, step } if *step <= steps => {
-                    if !st.members.contains(worker) {
-                        joiners.insert(*worker);
-                        st.done.insert(i);
-                    }
+                Fault::Restart { worker, step }
+                    if *step <= steps && !st.members.contains(worker) =>
+                {
+                    joiners.insert(*worker);
+                    st.done.insert(i);
                 }
                 _ => {}
             }
@@ -475,10 +475,13 @@ impl Board {
             st.pending = Some(plan);
         }
         if st.pending.as_ref().is_some_and(|p| p.lost.contains(&id)) {
-            let why = match st.cut_off.get(&id) {
-                Some(heal) => format!("cut off by a partition until step {heal}"),
-                None => "declared lost".into(),
+            let Some(heal) = st.cut_off.get(&id) else {
+                // The script kills it: it dies now rather than later.
+                return Err(CommError::Closed(format!(
+                    "worker {id} killed by the fault script"
+                )));
             };
+            let why = format!("cut off by a partition until step {heal}");
             return Ok((ViewChange::Excluded(why), None));
         }
         let pending = st.pending.as_mut().expect("set above");

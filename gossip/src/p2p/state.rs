@@ -181,15 +181,6 @@ impl Shared {
         }
     }
 
-    /// Raises the alarm (the first reason stays).
-    pub fn raise_alarm(&self, e: CommError) {
-        let mut a = lock(&self.alarm);
-        if a.is_none() {
-            tracing::warn!("{e}");
-            *a = Some(e);
-        }
-    }
-
     /// Drops a message: logs the peer and the reason, counts it, and
     /// disconnects a peer that keeps offending.
     pub fn reject(&self, peer: &PeerId, protocol: &str, reason: &Reject) {
