@@ -31,6 +31,8 @@
 mod allreduce;
 mod behaviour;
 mod config;
+#[doc(hidden)]
+pub mod fuzz;
 mod gather;
 mod identity;
 mod inbound;
