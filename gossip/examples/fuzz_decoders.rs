@@ -5,13 +5,16 @@
 //! cargo run --release -p slowmo-gossip --example fuzz_decoders -- --execs 10000000
 //! cargo run --release -p slowmo-gossip --example fuzz_decoders -- --target chunk --execs 1000 --seed 7
 //! cargo run --release -p slowmo-gossip --example fuzz_decoders -- --target share --replay crash.bin
+//! cargo run --release -p slowmo-gossip --example fuzz_decoders -- --corpus gossip/fuzz/corpus --execs 200
 //! ```
 //!
 //! Options: `--execs N` inputs per target (default 100000), `--seed S`
 //! (default 1), `--target NAME` (repeatable; default every target),
 //! `--threads T` (default 1; each thread its own seed), `--replay FILE` (run
-//! one saved input and print what the target made of it). A crashing input
-//! is saved under `fuzz-crashes/` and the exit status is 1.
+//! one saved input and print what the target made of it), `--corpus DIR`
+//! (write `--execs` generated inputs per target into `DIR/TARGET/`, seeds
+//! for `cargo fuzz`). A crashing input is saved under `fuzz-crashes/` and the
+//! exit status is 1.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
     let mut threads: u64 = 1;
     let mut targets: Vec<String> = Vec::new();
     let mut replay = None;
+    let mut corpus: Option<std::path::PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |name: &str| {
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
             "--threads" => threads = value("--threads").parse().expect("--threads: a number"),
             "--target" => targets.push(value("--target")),
             "--replay" => replay = Some(value("--replay")),
+            "--corpus" => corpus = Some(value("--corpus").into()),
             other => {
                 eprintln!("unknown argument `{other}`; see the example's doc comment");
                 return ExitCode::FAILURE;
@@ -97,6 +102,20 @@ fn main() -> ExitCode {
         let data = std::fs::read(&path).expect("reading the input to replay");
         for t in &targets {
             println!("{t}: {:?}", fuzz::run(t, &data));
+        }
+        return ExitCode::SUCCESS;
+    }
+    if let Some(dir) = corpus {
+        for t in &targets {
+            let dir = dir.join(t);
+            std::fs::create_dir_all(&dir).expect("creating the corpus folder");
+            let mut rng = Rng::new(seed);
+            for i in 0..execs {
+                let case = fuzz::generate(t, &mut rng);
+                std::fs::write(dir.join(format!("seed-{i}")), &case.bytes)
+                    .expect("writing a corpus input");
+            }
+            println!("{execs} inputs in {}", dir.display());
         }
         return ExitCode::SUCCESS;
     }
