@@ -139,6 +139,10 @@ fn log_dial_error(peer: Option<PeerId>, error: &DialError, logged: &mut HashMap<
         }
     };
     match error {
+        // Our own doing (a disconnect, a dial superseded), not the peer's.
+        DialError::Aborted | DialError::DialPeerConditionFalse(_) => {
+            tracing::debug!(?peer, "dial given up: {error}");
+        }
         DialError::Transport(errors) => {
             for (addr, e) in errors {
                 report(addr.to_string(), error_chain(e));
