@@ -372,6 +372,7 @@ pub fn simulate_over(
 /// `slowmo simulate`.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let config = args.config.resolve()?;
+    config.check_workers(&slowmo_runspec::Resources::of_this_machine())?;
     let network = args
         .network
         .as_deref()

@@ -6,6 +6,7 @@
 
 mod args;
 mod kinds;
+mod limits;
 mod options;
 mod records;
 mod resolve;
@@ -13,6 +14,9 @@ mod table;
 
 pub use args::ConfigArgs;
 pub use kinds::{DatasetKind, ModelKind, Partition, PartitionError};
+pub use limits::{
+    BUFFERS_PER_WORKER, MAX_LOCAL_NODES, NODE_OVERHEAD_BYTES, Resources, WORKER_OVERHEAD_BYTES,
+};
 pub use options::{ConfigError, TrainOptions};
 pub use records::{NodeSummary, StepRecord, ViewEvent, last_record, step_rate, step_records};
 pub use resolve::{MAX_BATCH_SIZE, MAX_STALENESS, RunConfig};

@@ -140,10 +140,13 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
     if args.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
-    let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
     let mut options = args.config.options()?;
     options.workers = Some(args.nodes);
     let config = options.resolve().context("the run configuration")?;
+    // Before anything starts: every node is a process holding a model and a
+    // dataset.
+    config.check_local_nodes(args.nodes, &slowmo_runspec::Resources::of_this_machine())?;
+    let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
     let out = match &args.out {
         Some(p) => p.clone(),
         None => {

@@ -83,11 +83,7 @@ impl Ring<'_> {
     /// The error of a rank whose left neighbour sent a frame of another
     /// kind of collective under our sequence number.
     pub(super) fn other_collective(&self, left: Rank, kind: Kind) -> CommError {
-        CommError::Other(format!(
-            "{} {}: the left neighbour (rank {left}) sent a {kind:?} frame: the ranks called \
-             collectives in different orders",
-            self.operation, self.seq
-        ))
+        other_collective(self.operation, self.seq, left, kind)
     }
 
     /// A header of this collective, located at 0 in a buffer of `len`.
@@ -134,46 +130,15 @@ impl Ring<'_> {
         let started = Instant::now();
         loop {
             let msg = self.next_from_left(started)?;
-            let h = &msg.header;
-            let ours = msg.from == left && h.round == self.seq;
-            if ours && h.kind == Kind::Gather {
-                return Err(self.other_collective(left, h.kind));
-            }
-            let reason = if msg.from != left {
-                Some(format!(
-                    "all-reduce chunk from rank {}, expected the left neighbour {left}",
-                    msg.from
-                ))
-            } else if h.round != self.seq {
-                Some(format!(
-                    "all-reduce chunk of collective {} step {} ({:?}), expected {} step {} ({:?})",
-                    h.round,
-                    h.step,
-                    h.kind,
-                    self.seq,
-                    expected.step,
-                    kind_of(expected.phase)
-                ))
-            } else {
-                let phase = match h.kind {
-                    Kind::AllGather => Phase::AllGather,
-                    _ => Phase::ReduceScatter,
-                };
-                let chunk = ChunkHeader {
-                    phase,
-                    step: h.step,
-                    offset: usize::try_from(h.offset).unwrap_or(usize::MAX),
-                    len: usize::try_from(h.len).unwrap_or(usize::MAX),
-                    total: usize::try_from(h.total).unwrap_or(usize::MAX),
-                    scalar: h.weight,
-                };
-                if h.kind == Kind::PushSum {
-                    Some("a push-sum frame on the all-reduce protocol".to_string())
-                } else {
-                    expected.check(&chunk)?
-                }
-            };
-            match reason {
+            let verdict = chunk_verdict(
+                &msg.header,
+                msg.from,
+                left,
+                self.seq,
+                expected,
+                self.operation,
+            )?;
+            match verdict {
                 None => return Ok(msg),
                 Some(reason) => {
                     let peer = self.view.members[msg.from];
@@ -200,6 +165,71 @@ impl Ring<'_> {
     }
 }
 
+/// The error of a rank whose left neighbour sent a frame of another kind of
+/// collective under our sequence number.
+fn other_collective(operation: &str, seq: u64, left: Rank, kind: Kind) -> CommError {
+    CommError::Other(format!(
+        "{operation} {seq}: the left neighbour (rank {left}) sent a {kind:?} frame: the ranks \
+         called collectives in different orders"
+    ))
+}
+
+/// What the ring reads from a chunk's header (values beyond `usize` become
+/// `usize::MAX`, which no check lets through).
+pub(super) fn chunk_of(h: &Header, phase: Phase) -> ChunkHeader {
+    ChunkHeader {
+        phase,
+        step: h.step,
+        offset: usize::try_from(h.offset).unwrap_or(usize::MAX),
+        len: usize::try_from(h.len).unwrap_or(usize::MAX),
+        total: usize::try_from(h.total).unwrap_or(usize::MAX),
+        scalar: h.weight,
+    }
+}
+
+/// What becomes of a checked frame of the collective inbox (sent by rank
+/// `from`) while collective `seq` of `operation` waits for the chunk
+/// `expected` from rank `left`: `Ok(None)` it is that chunk, `Ok(Some(reason))`
+/// it is dropped, an error ends the collective.
+pub(super) fn chunk_verdict(
+    h: &Header,
+    from: Rank,
+    left: Rank,
+    seq: u64,
+    expected: &Expected,
+    operation: &str,
+) -> Result<Option<String>, CommError> {
+    let ours = from == left && h.round == seq;
+    if ours && h.kind == Kind::Gather {
+        return Err(other_collective(operation, seq, left, h.kind));
+    }
+    if from != left {
+        return Ok(Some(format!(
+            "all-reduce chunk from rank {from}, expected the left neighbour {left}"
+        )));
+    }
+    if h.round != seq {
+        return Ok(Some(format!(
+            "all-reduce chunk of collective {} step {} ({:?}), expected {seq} step {} ({:?})",
+            h.round,
+            h.step,
+            h.kind,
+            expected.step,
+            kind_of(expected.phase)
+        )));
+    }
+    if h.kind == Kind::PushSum {
+        return Ok(Some(
+            "a push-sum frame on the all-reduce protocol".to_string(),
+        ));
+    }
+    let phase = match h.kind {
+        Kind::AllGather => Phase::AllGather,
+        _ => Phase::ReduceScatter,
+    };
+    expected.check(&chunk_of(h, phase))
+}
+
 impl RingLinks for Ring<'_> {
     type Chunk = Vec<u8>;
 
@@ -216,16 +246,7 @@ impl RingLinks for Ring<'_> {
 
     fn recv(&mut self, expected: &Expected) -> Result<(ChunkHeader, Vec<u8>), CommError> {
         let msg = self.recv_chunk(expected)?;
-        let h = &msg.header;
-        let chunk = ChunkHeader {
-            phase: expected.phase,
-            step: h.step,
-            offset: h.offset as usize,
-            len: h.len as usize,
-            total: h.total as usize,
-            scalar: h.weight,
-        };
-        Ok((chunk, msg.payload))
+        Ok((chunk_of(&msg.header, expected.phase), msg.payload))
     }
 
     fn apply(&mut self, payload: Vec<u8>, into: &mut [f32], add: bool) {

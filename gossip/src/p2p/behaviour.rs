@@ -22,7 +22,7 @@ use libp2p::core::ConnectedPoint;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::{DialError, NetworkBehaviour, SwarmEvent};
 use libp2p::{
     Multiaddr, PeerId, Swarm, identify, identity::Keypair, mdns, noise, ping, quic, tcp, yamux,
 };
@@ -98,6 +98,61 @@ pub(crate) fn parse_addrs(what: &str, addrs: &[String]) -> Result<Vec<Multiaddr>
                 .map_err(|e| CommError::Other(format!("{what}: `{s}` is not a multiaddr: {e}")))
         })
         .collect()
+}
+
+/// An error and its sources, `: `-separated, on one line. libp2p's transport errors
+/// display nothing themselves and keep the reason (the OS error) in their
+/// sources.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        // On one line (some errors list their causes on lines of their own).
+        let text = err
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    if parts.is_empty() {
+        "no reason given".into()
+    } else {
+        parts.join(": ")
+    }
+}
+
+/// Logs a failed dial: each address with its reason (a refused bootstrap
+/// dial says `Connection refused`). A reason already logged for an address
+/// goes to the debug log, so that re-dials once a second do not flood the
+/// warnings.
+fn log_dial_error(peer: Option<PeerId>, error: &DialError, logged: &mut HashMap<String, String>) {
+    let mut report = |target: String, reason: String| {
+        if logged.get(&target) == Some(&reason) {
+            tracing::debug!(?peer, "cannot reach {target}: {reason}");
+        } else {
+            tracing::warn!(?peer, "cannot reach {target}: {reason}");
+            logged.insert(target, reason);
+        }
+    };
+    match error {
+        // Our own doing (a disconnect, a dial superseded), not the peer's.
+        DialError::Aborted | DialError::DialPeerConditionFalse(_) => {
+            tracing::debug!(?peer, "dial given up: {error}");
+        }
+        DialError::Transport(errors) => {
+            for (addr, e) in errors {
+                report(addr.to_string(), error_chain(e));
+            }
+        }
+        other => {
+            let target = peer.map_or_else(|| "a peer".to_string(), |p| format!("peer {p}"));
+            report(target, error_chain(other));
+        }
+    }
 }
 
 /// Builds the swarm (must run inside the node's tokio runtime).
@@ -183,6 +238,8 @@ pub(crate) async fn run_swarm(
     // entries are reached.
     let mut dialed: HashMap<libp2p::swarm::ConnectionId, Multiaddr> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // The last dial failure logged per address.
+    let mut dial_errors: HashMap<String, String> = HashMap::new();
     loop {
         tokio::select! {
             cmd = commands.recv() => match cmd {
@@ -263,7 +320,16 @@ pub(crate) async fn run_swarm(
                     }
                 }
                 SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
-                    tracing::debug!(?peer_id, "outgoing connection failed: {error}");
+                    log_dial_error(peer_id, &error, &mut dial_errors);
+                }
+                SwarmEvent::ListenerClosed { addresses, reason: Err(e), .. } => {
+                    for address in &addresses {
+                        lock(&listen_addrs).retain(|a| a != address);
+                    }
+                    tracing::warn!(?addresses, "a listener closed: {}", error_chain(&e));
+                }
+                SwarmEvent::ListenerError { error, .. } => {
+                    tracing::warn!("a listener failed: {}", error_chain(&error));
                 }
                 SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
                     for addr in info.listen_addrs {

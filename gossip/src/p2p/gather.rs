@@ -20,7 +20,7 @@ pub(crate) fn u64_to_bytes(values: &[u64]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn bytes_to_u64(bytes: &[u8]) -> Vec<u64> {
+pub(super) fn bytes_to_u64(bytes: &[u8]) -> Vec<u64> {
     bytes
         .chunks_exact(8)
         .map(|w| u64::from_le_bytes(w.try_into().expect("chunks of 8")))
@@ -68,27 +68,13 @@ impl Ring<'_> {
         let started = Instant::now();
         loop {
             let msg = self.next_from_left(started)?;
-            let h = &msg.header;
-            if msg.from == left && h.round == self.seq && h.kind != Kind::Gather {
-                return Err(self.other_collective(left, h.kind));
-            }
-            let reason = if msg.from != left {
-                Some(format!(
-                    "gather block from rank {}, expected the left neighbour {left}",
-                    msg.from
-                ))
-            } else if h.round != self.seq || h.step != step || h.offset != origin as u64 {
-                Some(format!(
-                    "gather block of rank {} in collective {} step {}, expected rank {origin} in \
-                     {} step {step}",
-                    h.offset, h.round, h.step, self.seq
-                ))
-            } else {
-                None
-            };
-            match reason {
-                None => return Ok(msg),
-                Some(reason) => {
+            let verdict = block_verdict(&msg.header, msg.from, left, self.seq, step, origin);
+            match verdict {
+                BlockVerdict::Take => return Ok(msg),
+                BlockVerdict::OtherCollective(kind) => {
+                    return Err(self.other_collective(left, kind));
+                }
+                BlockVerdict::Drop(reason) => {
                     let peer = self.view.members[msg.from];
                     self.shared.reject(
                         &peer,
@@ -98,6 +84,45 @@ impl Ring<'_> {
                 }
             }
         }
+    }
+}
+
+/// What becomes of a checked frame of the collective inbox (sent by rank
+/// `from`) while gather `seq` waits for the block of rank `origin` at ring
+/// step `step` from rank `left`.
+#[derive(Debug, PartialEq)]
+pub(super) enum BlockVerdict {
+    Take,
+    /// Dropped, for this reason.
+    Drop(String),
+    /// The left neighbour runs another kind of collective at our sequence
+    /// number: the ranks disagree, which ends the gather.
+    OtherCollective(Kind),
+}
+
+pub(super) fn block_verdict(
+    h: &Header,
+    from: Rank,
+    left: Rank,
+    seq: u64,
+    step: u32,
+    origin: Rank,
+) -> BlockVerdict {
+    if from == left && h.round == seq && h.kind != Kind::Gather {
+        return BlockVerdict::OtherCollective(h.kind);
+    }
+    if from != left {
+        BlockVerdict::Drop(format!(
+            "gather block from rank {from}, expected the left neighbour {left}"
+        ))
+    } else if h.round != seq || h.step != step || h.offset != origin as u64 {
+        BlockVerdict::Drop(format!(
+            "gather block of rank {} in collective {} step {}, expected rank {origin} in \
+             {seq} step {step}",
+            h.offset, h.round, h.step
+        ))
+    } else {
+        BlockVerdict::Take
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::{AsyncWriteExt, StreamExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
 
+use super::config::P2pConfig;
 use super::payload::LeBytes;
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{
@@ -106,7 +107,8 @@ async fn serve_one(
     protocol: &'static str,
 ) -> Result<(), ReadError> {
     let (header, header_bytes) = read_header(stream).await?;
-    let from = check_header(shared, view, &peer, &header, protocol).map_err(ReadError::Rejected)?;
+    let from =
+        check_header(&shared.cfg, view, &peer, &header, protocol).map_err(ReadError::Rejected)?;
     // check_header capped the size.
     let bytes = header.dtype.size() * header.len;
     if protocol == PUSH_SUM_PROTOCOL {
@@ -144,7 +146,7 @@ async fn serve_one(
 /// Everything about a header that can be checked without the payload.
 /// Returns the sender's rank.
 pub(crate) fn check_header(
-    shared: &Shared,
+    cfg: &P2pConfig,
     view: &View,
     peer: &PeerId,
     h: &Header,
@@ -153,9 +155,9 @@ pub(crate) fn check_header(
     if h.version != WIRE_VERSION {
         return Err(Reject::Version { got: h.version });
     }
-    if h.run_id != shared.cfg.run.run_id {
+    if h.run_id != cfg.run.run_id {
         return Err(Reject::RunId {
-            expected: shared.cfg.run.run_id.clone(),
+            expected: cfg.run.run_id.clone(),
             got: h.run_id.clone(),
         });
     }
@@ -192,15 +194,15 @@ pub(crate) fn check_header(
         });
     }
     let announced = h.len.saturating_mul(h.dtype.size());
-    if announced > shared.cfg.max_message_bytes {
+    if announced > cfg.max_message_bytes {
         return Err(Reject::TooLarge {
             announced,
-            cap: shared.cfg.max_message_bytes,
+            cap: cfg.max_message_bytes,
         });
     }
-    if push && h.len != shared.cfg.payload_floats as u64 {
+    if push && h.len != cfg.payload_floats as u64 {
         return Err(Reject::Shape {
-            expected: shared.cfg.payload_floats as u64,
+            expected: cfg.payload_floats as u64,
             got: h.len,
         });
     }

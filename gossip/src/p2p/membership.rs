@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, StreamExt};
 use libp2p::{Multiaddr, PeerId, Stream, StreamProtocol};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, watch};
@@ -110,14 +110,21 @@ pub(crate) struct Membership {
     stopping: Arc<AtomicBool>,
 }
 
-async fn write_msg<T: Serialize>(s: &mut Stream, msg: &T) -> std::io::Result<()> {
+/// Writes one membership message: `u32 LE length`, then its CBOR.
+pub(super) async fn write_msg<T: Serialize, W: AsyncWrite + Unpin>(
+    s: &mut W,
+    msg: &T,
+) -> std::io::Result<()> {
     let body = cbor4ii::serde::to_vec(Vec::new(), msg).map_err(std::io::Error::other)?;
     s.write_all(&(body.len() as u32).to_le_bytes()).await?;
     s.write_all(&body).await?;
     s.flush().await
 }
 
-async fn read_msg<T: serde::de::DeserializeOwned>(s: &mut Stream) -> std::io::Result<T> {
+/// Reads one membership message (the decoder of every hello and reply).
+pub(super) async fn read_msg<T: serde::de::DeserializeOwned, R: AsyncRead + Unpin>(
+    s: &mut R,
+) -> std::io::Result<T> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len).await?;
     let len = u32::from_le_bytes(len);

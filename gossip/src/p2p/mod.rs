@@ -31,6 +31,8 @@
 mod allreduce;
 mod behaviour;
 mod config;
+#[doc(hidden)]
+pub mod fuzz;
 mod gather;
 mod identity;
 mod inbound;
@@ -135,7 +137,10 @@ impl P2pComm {
             let mut swarm = behaviour::build_swarm(keypair, &cfg)?;
             for addr in listen_addrs {
                 swarm.listen_on(addr.clone()).map_err(|e| {
-                    CommError::Other(format!("listen: cannot listen on `{addr}`: {e}"))
+                    CommError::Other(format!(
+                        "listen: cannot listen on `{addr}`: {}",
+                        behaviour::error_chain(&e)
+                    ))
                 })?;
             }
             let mut control = swarm.behaviour().stream.new_control();

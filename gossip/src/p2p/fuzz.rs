@@ -1,0 +1,807 @@
+//! Fuzzing every decoder of peer input: frame headers, push-sum shares,
+//! all-reduce chunks, gather blocks, membership hellos and replies.
+//!
+//! Each target takes arbitrary bytes (what one peer could write on one
+//! stream) and runs them through the code a node runs on them, against a
+//! fixed run of four members in which we are rank 1. A bad input must come
+//! out as an error in the [`Outcome`]; a panic is a bug. The seeded
+//! [`generate`] makes inputs worth trying: valid streams (which must be
+//! taken whole), the same with fields set to hostile values (huge lengths and
+//! offsets, NaN weights and payloads, wrong senders, views, kinds), byte-level
+//! mutations (bit flips, truncations, huge length prefixes, splices) and
+//! plain random bytes.
+//!
+//! Used by the `cargo fuzz` targets in `gossip/fuzz`, by the
+//! `fuzz_decoders` test (a bounded number of cases in CI) and by the
+//! `fuzz_decoders` example (millions of cases). Not a stable API.
+
+use std::sync::OnceLock;
+
+use futures::executor::block_on;
+use futures::io::Cursor;
+use libp2p::PeerId;
+use libp2p::identity::Keypair;
+
+use super::allreduce::{chunk_of, chunk_verdict};
+use super::config::{P2pConfig, RunIdentity};
+use super::gather::{BlockVerdict, block_verdict, bytes_to_u64, u64_to_bytes};
+use super::inbound::check_header;
+use super::membership::{Hello, MemberInfo, Refusal, Reply, ViewInfo, read_msg, write_msg};
+use super::payload::{LeBytes, add_bytes, copy_bytes};
+use super::state::View;
+use super::wire::{
+    ALL_REDUCE_PROTOCOL, DType, Header, Kind, MAX_HEADER_BYTES, PUSH_SUM_PROTOCOL, ReadError,
+    Reject, WIRE_VERSION, check_payload, checksum, encode_header, f32_to_bytes, read_header,
+    read_payload,
+};
+use crate::collectives::{ReduceOp, reduce_u64, sum_f64_in_rank_order};
+use crate::ledger::Inbox;
+use crate::ring::{ChunkHeader, Expected, RingLinks, chunks, ring_all_reduce};
+use crate::{CommError, Rank, segment};
+
+/// The targets, by name.
+pub const TARGETS: &[&str] = &["header", "share", "chunk", "gather", "hello", "reply"];
+
+/// Members of the fuzzed run; we are rank [`OUR_RANK`], our left neighbour
+/// rank 0.
+const MEMBERS: usize = 4;
+const OUR_RANK: Rank = 1;
+const LEFT: Rank = 0;
+/// Floats of a push-sum share.
+const FLOATS: usize = 16;
+/// Floats of the all-reduce buffer, and per chunk.
+const TOTAL: usize = 23;
+const CHUNK: usize = 4;
+/// Payload cap in bytes.
+const CAP: u64 = 256;
+/// Round window (and per-sender buffer) of the push-sum inbox.
+const WINDOW: u64 = 4;
+const VIEW: u64 = 3;
+/// Sequence number of the collective being received.
+const SEQ: u64 = 7;
+/// Words each rank contributes to the gather.
+const WORDS: usize = 3;
+/// Frames read from one input at most.
+const MAX_FRAMES: usize = 64;
+
+/// What a target made of one input.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Outcome {
+    /// Messages taken (frames delivered, chunks applied, hellos accepted).
+    pub accepted: usize,
+    /// Messages dropped without ending the stream.
+    pub dropped: usize,
+    /// Why the input was refused or the stream ended early, if it was.
+    pub error: Option<String>,
+}
+
+struct Ctx {
+    cfg: P2pConfig,
+    view: View,
+    /// Peer ids of the members by rank, then an outsider.
+    peers: Vec<PeerId>,
+    names: Vec<String>,
+}
+
+fn ctx() -> &'static Ctx {
+    static CTX: OnceLock<Ctx> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let mut members: Vec<PeerId> = (1..=MEMBERS as u8)
+            .map(|i| {
+                Keypair::ed25519_from_bytes([i; 32])
+                    .expect("32 bytes are an ed25519 secret key")
+                    .public()
+                    .to_peer_id()
+            })
+            .collect();
+        let view = View::new(VIEW, members.clone());
+        members.clone_from(&view.members);
+        let outsider = Keypair::ed25519_from_bytes([99; 32])
+            .expect("32 bytes are an ed25519 secret key")
+            .public()
+            .to_peer_id();
+        members.push(outsider);
+        let run = RunIdentity {
+            run_id: "fuzz-run".into(),
+            config_hash: "c0ffee".into(),
+            init_hash: "f00d".into(),
+        };
+        let mut cfg = P2pConfig::new(run, MEMBERS, FLOATS);
+        cfg.max_message_bytes = CAP;
+        cfg.round_window = WINDOW;
+        cfg.chunk_floats = CHUNK;
+        Ctx {
+            cfg,
+            view,
+            names: members.iter().map(|p| p.to_string()).collect(),
+            peers: members,
+        }
+    })
+}
+
+/// Runs target `name` on `data`. Panics on an unknown name, and wherever a
+/// decoder has a bug.
+pub fn run(name: &str, data: &[u8]) -> Outcome {
+    match name {
+        "header" => header(data),
+        "share" => share(data),
+        "chunk" => chunk(data),
+        "gather" => gather(data),
+        "hello" => hello(data),
+        "reply" => reply(data),
+        _ => panic!("no fuzz target `{name}` (targets: {})", TARGETS.join(", ")),
+    }
+}
+
+fn refused(accepted: usize, dropped: usize, e: impl ToString) -> Outcome {
+    Outcome {
+        accepted,
+        dropped,
+        error: Some(e.to_string()),
+    }
+}
+
+fn read_error(e: ReadError) -> String {
+    match e {
+        ReadError::Eof => "end of stream".into(),
+        ReadError::Io(e) => format!("stream broke: {e}"),
+        ReadError::Rejected(r) => r.to_string(),
+    }
+}
+
+/// The authenticated peer of a stream: the first byte picks a member by rank
+/// or (4) the outsider.
+fn peer_of(data: &[u8]) -> (PeerId, &[u8]) {
+    let ctx = ctx();
+    match data.split_first() {
+        Some((b, rest)) => (ctx.peers[*b as usize % ctx.peers.len()], rest),
+        None => (ctx.peers[LEFT], data),
+    }
+}
+
+/// A frame header as the node reads it; a decoded header must survive
+/// encoding and decoding unchanged.
+pub fn header(data: &[u8]) -> Outcome {
+    let mut r = Cursor::new(data);
+    match block_on(read_header(&mut r)) {
+        Ok((h, size)) => {
+            let len = u32::from_le_bytes(data[..4].try_into().expect("a prefix was read"));
+            assert_eq!(size, 4 + len as u64, "header size on the wire");
+            let again = encode_header(&h);
+            let (h2, size2) =
+                block_on(read_header(&mut Cursor::new(&again))).expect("an encoded header decodes");
+            assert_eq!(size2 as usize, again.len());
+            assert_eq!(encode_header(&h2), again, "header round trip");
+            Outcome {
+                accepted: 1,
+                ..Outcome::default()
+            }
+        }
+        Err(e) => refused(0, 0, read_error(e)),
+    }
+}
+
+/// Reads one frame the way an inbound stream does: header, header checks,
+/// `admit` (before any payload byte), payload, payload checks.
+fn next_frame(
+    r: &mut Cursor<&[u8]>,
+    peer: &PeerId,
+    protocol: &'static str,
+    admit: &mut dyn FnMut(&Header, Rank) -> Result<(), Reject>,
+) -> Result<(Header, Rank, Vec<u8>), ReadError> {
+    let ctx = ctx();
+    let (h, _) = block_on(read_header(r))?;
+    let from =
+        check_header(&ctx.cfg, &ctx.view, peer, &h, protocol).map_err(ReadError::Rejected)?;
+    admit(&h, from).map_err(ReadError::Rejected)?;
+    let bytes = h.dtype.size() * h.len;
+    assert!(bytes <= CAP, "check_header let {bytes} bytes through");
+    let (payload, scan) = block_on(read_payload(r, bytes, Vec::new(), &mut || {}))?;
+    assert_eq!(payload.len() as u64, bytes, "payload length");
+    check_payload(&h, &payload, &scan).map_err(ReadError::Rejected)?;
+    Ok((h, from, payload))
+}
+
+/// A push-sum stream: frames through the header checks into the inbox.
+pub fn share(data: &[u8]) -> Outcome {
+    let (peer, stream) = peer_of(data);
+    let inbox: Inbox<LeBytes> = Inbox::new(WINDOW);
+    let mut r = Cursor::new(stream);
+    let mut accepted = 0;
+    for _ in 0..MAX_FRAMES {
+        let mut admit = |h: &Header, from: Rank| inbox.admit(h.round, from).map_err(Reject::from);
+        match next_frame(&mut r, &peer, PUSH_SUM_PROTOCOL, &mut admit) {
+            Ok((h, from, payload)) => {
+                assert_eq!(payload.len(), 4 * FLOATS, "share shape");
+                assert!(h.weight.is_finite(), "share weight {}", h.weight);
+                if let Err(e) = inbox.deliver(h.round, from, h.weight, LeBytes(payload)) {
+                    return refused(accepted, 0, e);
+                }
+                accepted += 1;
+            }
+            Err(ReadError::Eof) => break,
+            Err(e) => return refused(accepted, 0, read_error(e)),
+        }
+    }
+    Outcome {
+        accepted,
+        ..Outcome::default()
+    }
+}
+
+/// Our side of a ring all-reduce whose left neighbour's chunks come from the
+/// input; what we send goes nowhere.
+struct FuzzLinks<'a> {
+    r: Cursor<&'a [u8]>,
+    peer: PeerId,
+    accepted: usize,
+    dropped: usize,
+}
+
+impl RingLinks for FuzzLinks<'_> {
+    type Chunk = Vec<u8>;
+
+    fn send(&mut self, _: ChunkHeader, _: &[f32]) -> Result<(), CommError> {
+        Ok(())
+    }
+
+    fn recv(&mut self, expected: &Expected) -> Result<(ChunkHeader, Vec<u8>), CommError> {
+        for _ in 0..MAX_FRAMES {
+            let got = next_frame(&mut self.r, &self.peer, ALL_REDUCE_PROTOCOL, &mut |_, _| {
+                Ok(())
+            });
+            let (h, from, payload) = got.map_err(|e| CommError::Other(read_error(e)))?;
+            match chunk_verdict(&h, from, LEFT, SEQ, expected, "all-reduce")? {
+                None => {
+                    self.accepted += 1;
+                    return Ok((chunk_of(&h, expected.phase), payload));
+                }
+                Some(_) => self.dropped += 1,
+            }
+        }
+        Err(CommError::Other("too many frames".into()))
+    }
+
+    fn apply(&mut self, payload: Vec<u8>, into: &mut [f32], add: bool) {
+        assert_eq!(payload.len(), 4 * into.len(), "chunk length");
+        if add {
+            add_bytes(into, &payload);
+        } else {
+            copy_bytes(into, &payload);
+        }
+    }
+}
+
+/// All-reduce chunks from the left neighbour through the header checks, the
+/// ring's chunk check and into the buffer.
+pub fn chunk(data: &[u8]) -> Outcome {
+    let (peer, stream) = peer_of(data);
+    let mut links = FuzzLinks {
+        r: Cursor::new(stream),
+        peer,
+        accepted: 0,
+        dropped: 0,
+    };
+    let mut buf = vec![1.0f32; TOTAL];
+    let mut scalar = 1.0;
+    let chunk = ctx().cfg.chunk_floats.min((CAP / 4) as usize).max(1);
+    let result = ring_all_reduce(&mut links, OUR_RANK, MEMBERS, chunk, &mut buf, &mut scalar);
+    Outcome {
+        accepted: links.accepted,
+        dropped: links.dropped,
+        error: result.err().map(|e| e.to_string()),
+    }
+}
+
+/// Gather blocks from the left neighbour through the header checks, the
+/// block check, decoding and the typed reductions.
+pub fn gather(data: &[u8]) -> Outcome {
+    let (peer, stream) = peer_of(data);
+    let mut r = Cursor::new(stream);
+    let own: Vec<u64> = (1..=WORDS as u64).collect();
+    let mut blocks: Vec<Vec<u64>> = vec![Vec::new(); MEMBERS];
+    blocks[OUR_RANK] = own;
+    let (mut accepted, mut dropped) = (0, 0);
+    let m = MEMBERS;
+    for step in 0..m - 1 {
+        let origin = (OUR_RANK + 2 * m - step - 1) % m;
+        loop {
+            if accepted + dropped >= MAX_FRAMES {
+                return refused(accepted, dropped, "too many frames");
+            }
+            let (h, from, payload) =
+                match next_frame(&mut r, &peer, ALL_REDUCE_PROTOCOL, &mut |_, _| Ok(())) {
+                    Ok(f) => f,
+                    Err(e) => return refused(accepted, dropped, read_error(e)),
+                };
+            match block_verdict(&h, from, LEFT, SEQ, step as u32, origin) {
+                BlockVerdict::Take => {
+                    assert_eq!(payload.len() as u64, 8 * h.len, "block length");
+                    blocks[origin] = bytes_to_u64(&payload);
+                    accepted += 1;
+                    break;
+                }
+                BlockVerdict::Drop(_) => dropped += 1,
+                BlockVerdict::OtherCollective(kind) => {
+                    return refused(accepted, dropped, format!("{kind:?} frame"));
+                }
+            }
+        }
+    }
+    let mut words = vec![0u64; WORDS];
+    let mut floats = vec![0f64; WORDS];
+    let error = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]
+        .into_iter()
+        .map(|op| reduce_u64(&blocks, &mut words, op))
+        .chain(std::iter::once(sum_f64_in_rank_order(&blocks, &mut floats)))
+        .find_map(Result::err)
+        .map(|e| e.to_string());
+    Outcome {
+        accepted,
+        dropped,
+        error,
+    }
+}
+
+/// What a node takes from a hello before it uses it: who sent it, whether
+/// it is of our run, and the addresses, members, proposal and view in it.
+fn check_hello(peer: &PeerId, h: &Hello) -> Result<(), String> {
+    let ctx = ctx();
+    if h.peer != peer.to_string() {
+        return Err(format!("hello claims to be {}", h.peer));
+    }
+    if h.version != WIRE_VERSION {
+        return Err(format!("protocol version {}", h.version));
+    }
+    if let Some((field, ours, theirs)) = ctx.cfg.run.first_difference(&h.identity) {
+        return Err(format!("{field} differs: ours {ours} theirs {theirs}"));
+    }
+    if h.nodes != ctx.cfg.nodes as u64 {
+        return Err(format!("node count {}", h.nodes));
+    }
+    super::behaviour::parse_addrs("hello", &h.addrs).map_err(|e| e.to_string())?;
+    for m in &h.members {
+        m.peer
+            .parse::<PeerId>()
+            .map_err(|e| format!("member `{}`: {e}", m.peer))?;
+        let _: Vec<libp2p::Multiaddr> = m.addrs.iter().filter_map(|a| a.parse().ok()).collect();
+    }
+    let peers = |names: &[String]| -> Result<Vec<PeerId>, String> {
+        names
+            .iter()
+            .map(|n| n.parse::<PeerId>().map_err(|e| format!("`{n}`: {e}")))
+            .collect()
+    };
+    if let Some(p) = &h.proposal {
+        peers(p)?;
+    }
+    if let Some(v) = &h.view {
+        let view = View::new(v.number, peers(&v.members)?);
+        assert!(view.members.len() <= v.members.len());
+    }
+    Ok(())
+}
+
+/// A membership hello, as the answering side reads it.
+pub fn hello(data: &[u8]) -> Outcome {
+    let (peer, stream) = peer_of(data);
+    match block_on(read_msg::<Hello, _>(&mut Cursor::new(stream))) {
+        Ok(h) => match check_hello(&peer, &h) {
+            Ok(()) => Outcome {
+                accepted: 1,
+                ..Outcome::default()
+            },
+            Err(e) => refused(0, 0, e),
+        },
+        Err(e) => refused(0, 0, e),
+    }
+}
+
+/// A membership reply, as the greeting side reads it.
+pub fn reply(data: &[u8]) -> Outcome {
+    let (peer, stream) = peer_of(data);
+    match block_on(read_msg::<Reply, _>(&mut Cursor::new(stream))) {
+        Ok(Reply::Welcome(h)) => match check_hello(&peer, &h) {
+            Ok(()) => Outcome {
+                accepted: 1,
+                ..Outcome::default()
+            },
+            Err(e) => refused(0, 0, e),
+        },
+        Ok(Reply::Refused(r)) => {
+            let _text = format!(
+                "peer {peer} refused us: {} differs: ours {} theirs {}",
+                r.field, r.theirs, r.ours
+            );
+            Outcome {
+                accepted: 1,
+                ..Outcome::default()
+            }
+        }
+        Err(e) => refused(0, 0, e),
+    }
+}
+
+/// A small seeded generator (xorshift64*), the same on every platform.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next_u64() % n as u64) as usize
+        }
+    }
+
+    /// True with probability `percent` / 100.
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len())]
+    }
+
+    /// A value in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.below(1 << 20) as f32 / (1 << 19) as f32) - 1.0
+    }
+
+    /// Hostile or ordinary `u64`s: edges, small numbers, anything.
+    fn wild(&mut self) -> u64 {
+        match self.below(6) {
+            0 => self.pick(&[0, 1, u64::MAX, u64::MAX - 1, 1 << 32, 1 << 63]),
+            1 => self.pick(&[CAP / 4 + 1, CAP, TOTAL as u64, FLOATS as u64 + 1]),
+            2 | 3 => self.below(64) as u64,
+            _ => self.next_u64(),
+        }
+    }
+}
+
+/// One generated input, and what a target must make of it when `valid`:
+/// that many messages taken and no error.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub bytes: Vec<u8>,
+    pub valid: Option<usize>,
+}
+
+/// An input for target `name`.
+pub fn generate(name: &str, rng: &mut Rng) -> Case {
+    if rng.chance(3) {
+        let most = if rng.chance(50) { 16 } else { 600 };
+        let n = rng.below(most);
+        let bytes = (0..n).map(|_| rng.next_u64() as u8).collect();
+        return Case { bytes, valid: None };
+    }
+    // A quarter of the inputs stay as built; a semantic mutation at build
+    // time makes the input no longer valid.
+    let hostile = rng.chance(40);
+    let (mut bytes, count) = match name {
+        "header" => gen_header(rng, hostile),
+        "share" => gen_shares(rng, hostile),
+        "chunk" => gen_chunks(rng, hostile),
+        "gather" => gen_blocks(rng, hostile),
+        "hello" => gen_hello(rng, hostile, false),
+        "reply" => gen_hello(rng, hostile, true),
+        _ => panic!("no fuzz target `{name}` (targets: {})", TARGETS.join(", ")),
+    };
+    let mut valid = (!hostile).then_some(count);
+    if rng.chance(60) {
+        for _ in 0..1 + rng.below(3) {
+            mutate(rng, &mut bytes);
+        }
+        valid = None;
+    }
+    Case { bytes, valid }
+}
+
+/// Byte-level mutations: bit flips, edge bytes, truncation, insertion,
+/// duplication, and huge or off-by-one length prefixes.
+fn mutate(rng: &mut Rng, b: &mut Vec<u8>) {
+    if b.is_empty() {
+        b.push(rng.next_u64() as u8);
+        return;
+    }
+    let at = rng.below(b.len());
+    match rng.below(8) {
+        0 => b[at] ^= 1 << rng.below(8),
+        1 => b[at] = rng.pick(&[0, 1, 0x7f, 0x80, 0xff, 0xf9, 0xfa, 0xfb, 0x9f, 0xbf]),
+        2 => b.truncate(at),
+        3 => {
+            let extra: Vec<u8> = (0..1 + rng.below(8))
+                .map(|_| rng.next_u64() as u8)
+                .collect();
+            b.splice(at..at, extra);
+        }
+        4 => {
+            let end = (at + 1 + rng.below(64)).min(b.len());
+            let piece = b[at..end].to_vec();
+            let to = rng.below(b.len());
+            b.splice(to..to, piece);
+        }
+        5 | 6 => {
+            let v: u32 = rng.pick(&[
+                u32::MAX,
+                0x7fff_ffff,
+                MAX_HEADER_BYTES + 1,
+                MAX_HEADER_BYTES,
+                0,
+                1,
+                1 << 20,
+                (1 << 20) + 1,
+            ]);
+            let at = if rng.chance(50) {
+                1.min(b.len() - 1)
+            } else {
+                at
+            };
+            let end = (at + 4).min(b.len());
+            b[at..end].copy_from_slice(&v.to_le_bytes()[..end - at]);
+        }
+        _ => {
+            let x = rng.next_u64().to_le_bytes();
+            let end = (at + 8).min(b.len());
+            b[at..end].copy_from_slice(&x[..end - at]);
+        }
+    }
+}
+
+fn base_header(kind: Kind, sender: &str, len: usize, payload: &[u8]) -> Header {
+    Header {
+        version: WIRE_VERSION,
+        run_id: ctx().cfg.run.run_id.clone(),
+        view: VIEW,
+        sender: sender.to_string(),
+        round: 0,
+        kind,
+        dtype: DType::of(kind),
+        len: len as u64,
+        weight: 0.0,
+        checksum: checksum(payload),
+        step: 0,
+        offset: 0,
+        total: len as u64,
+    }
+}
+
+/// Sets one field of `h` (or a value of `payload`) to something hostile.
+fn spoil(rng: &mut Rng, h: &mut Header, payload: &mut Vec<u8>) {
+    let ctx = ctx();
+    match rng.below(16) {
+        0 => h.version = rng.wild() as u16,
+        1 => h.run_id = rng.pick(&["", "other", "fuzz-run\0"]).to_string(),
+        2 => h.view = rng.wild(),
+        3 => h.sender = ctx.names[rng.below(ctx.names.len())].clone(),
+        4 => {
+            h.kind = rng.pick(&[
+                Kind::PushSum,
+                Kind::ReduceScatter,
+                Kind::AllGather,
+                Kind::Gather,
+            ])
+        }
+        5 => h.dtype = rng.pick(&[DType::F32, DType::U64]),
+        6 => h.len = rng.wild(),
+        7 => h.weight = rng.pick(&[f64::NAN, f64::INFINITY, f64::NEG_INFINITY, f64::MAX, -0.0]),
+        8 => h.checksum = rng.next_u64(),
+        9 => h.step = rng.wild() as u32,
+        10 => h.offset = rng.wild(),
+        11 => h.total = rng.wild(),
+        12 => h.round = rng.wild(),
+        13 | 14 if payload.len() >= 4 => {
+            // A non-finite value, with a checksum that matches it.
+            let i = rng.below(payload.len() / 4);
+            let bad: f32 = rng.pick(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -f32::NAN]);
+            payload[4 * i..4 * i + 4].copy_from_slice(&bad.to_le_bytes());
+            h.checksum = checksum(payload);
+        }
+        _ => {
+            // The payload cut or lengthened with the header unchanged.
+            if rng.chance(50) {
+                payload.truncate(rng.below(payload.len() + 1));
+            } else {
+                payload.extend((0..1 + rng.below(12)).map(|_| rng.next_u64() as u8));
+            }
+        }
+    }
+}
+
+fn push_frame(out: &mut Vec<u8>, h: &Header, payload: &[u8]) {
+    out.extend_from_slice(&encode_header(h));
+    out.extend_from_slice(payload);
+}
+
+/// Frames with at most one spoiled, after the peer selector byte.
+fn frames(rng: &mut Rng, peer: Rank, hostile: bool, list: Vec<(Header, Vec<u8>)>) -> Vec<u8> {
+    let mut out = vec![peer as u8];
+    let spoilt = hostile.then(|| rng.below(list.len()));
+    for (i, (mut h, mut payload)) in list.into_iter().enumerate() {
+        if spoilt == Some(i) {
+            spoil(rng, &mut h, &mut payload);
+        }
+        push_frame(&mut out, &h, &payload);
+    }
+    out
+}
+
+fn gen_header(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
+    let payload = f32_to_bytes(&[rng.unit(), rng.unit()]);
+    let mut h = base_header(Kind::PushSum, &ctx().names[LEFT], 2, &payload);
+    h.round = rng.below(1000) as u64;
+    h.weight = rng.unit() as f64;
+    let mut payload = payload;
+    if hostile {
+        spoil(rng, &mut h, &mut payload);
+    }
+    (encode_header(&h), 1)
+}
+
+fn gen_shares(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
+    let ctx = ctx();
+    let peer = rng.below(MEMBERS);
+    let n = 1 + rng.below(WINDOW as usize);
+    let start = rng.below(100) as u64;
+    let list = (0..n)
+        .map(|i| {
+            let values: Vec<f32> = (0..FLOATS).map(|_| rng.unit()).collect();
+            let payload = f32_to_bytes(&values);
+            let mut h = base_header(Kind::PushSum, &ctx.names[peer], FLOATS, &payload);
+            h.round = start + i as u64;
+            h.weight = rng.unit() as f64;
+            (h, payload)
+        })
+        .collect();
+    (frames(rng, peer, hostile, list), n)
+}
+
+/// Every chunk the left neighbour sends us in one all-reduce, in order.
+fn gen_chunks(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
+    let ctx = ctx();
+    let m = MEMBERS;
+    let l = LEFT;
+    let mut list = Vec::new();
+    for step in 0..2 * (m - 1) {
+        let reduce = step < m - 1;
+        let (seg, kind) = if reduce {
+            ((l + m - step) % m, Kind::ReduceScatter)
+        } else {
+            ((l + 1 + m - (step - (m - 1))) % m, Kind::AllGather)
+        };
+        let range = segment(TOTAL, m, seg);
+        for r in chunks(range.clone(), CHUNK) {
+            let values: Vec<f32> = r.clone().map(|_| rng.unit()).collect();
+            let payload = f32_to_bytes(&values);
+            let mut h = base_header(kind, &ctx.names[l], r.len(), &payload);
+            h.round = SEQ;
+            h.step = step as u32;
+            h.offset = r.start as u64;
+            h.total = TOTAL as u64;
+            if seg == 0 && r.start == range.start {
+                h.weight = rng.unit() as f64;
+            }
+            list.push((h, payload));
+        }
+    }
+    let n = list.len();
+    (frames(rng, l, hostile, list), n)
+}
+
+/// The blocks the left neighbour passes us in one gather, in order.
+fn gen_blocks(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
+    let ctx = ctx();
+    let m = MEMBERS;
+    let l = LEFT;
+    let list: Vec<(Header, Vec<u8>)> = (0..m - 1)
+        .map(|step| {
+            let origin = (l + m - step) % m;
+            let words: Vec<u64> = (0..WORDS)
+                .map(|_| (rng.unit() as f64).to_bits() >> (2 + rng.below(2)))
+                .collect();
+            let payload = u64_to_bytes(&words);
+            let mut h = base_header(Kind::Gather, &ctx.names[l], WORDS, &payload);
+            h.round = SEQ;
+            h.step = step as u32;
+            h.offset = origin as u64;
+            h.total = m as u64;
+            (h, payload)
+        })
+        .collect();
+    let n = list.len();
+    // Words that are f64 bits shifted right stay finite; the sum of WORDS
+    // of them cannot overflow a u64.
+    (frames(rng, l, hostile, list), n)
+}
+
+fn gen_hello(rng: &mut Rng, hostile: bool, as_reply: bool) -> (Vec<u8>, usize) {
+    let ctx = ctx();
+    let peer = rng.below(MEMBERS);
+    let addr = |rng: &mut Rng| {
+        let port = 4000 + rng.below(100);
+        if rng.chance(50) {
+            format!("/ip4/10.0.0.{}/tcp/{port}", rng.below(255))
+        } else {
+            format!("/ip4/127.0.0.1/udp/{port}/quic-v1")
+        }
+    };
+    let members: Vec<MemberInfo> = (0..rng.below(MEMBERS + 1))
+        .map(|i| MemberInfo {
+            peer: ctx.names[i].clone(),
+            addrs: (0..rng.below(3)).map(|_| addr(rng)).collect(),
+        })
+        .collect();
+    let names: Vec<String> = ctx.names[..MEMBERS].to_vec();
+    let mut h = Hello {
+        version: WIRE_VERSION,
+        nodes: MEMBERS as u64,
+        identity: ctx.cfg.run.clone(),
+        peer: ctx.names[peer].clone(),
+        addrs: (0..1 + rng.below(2)).map(|_| addr(rng)).collect(),
+        members,
+        proposal: rng.chance(50).then(|| names.clone()),
+        view: rng.chance(30).then_some(ViewInfo {
+            number: VIEW,
+            members: names,
+        }),
+    };
+    if hostile {
+        let junk = rng.pick(&[
+            "",
+            "/",
+            "/ip4/999.0.0.1/tcp/1",
+            "12D3KooW",
+            "/p2p/xyz",
+            "\u{0}",
+        ]);
+        match rng.below(9) {
+            0 => h.version = rng.wild() as u16,
+            1 => h.identity.config_hash = junk.into(),
+            2 => h.nodes = rng.wild(),
+            3 => h.peer = junk.into(),
+            4 => h.addrs.push(junk.into()),
+            5 => h.members.push(MemberInfo {
+                peer: junk.into(),
+                addrs: vec![junk.into()],
+            }),
+            6 => h.proposal = Some(vec![junk.into(); 1 + rng.below(3)]),
+            7 => {
+                h.view = Some(ViewInfo {
+                    number: rng.wild(),
+                    members: vec![junk.into(), ctx.names[0].clone()],
+                })
+            }
+            _ => h.members = Vec::new(),
+        }
+    }
+    let mut out = vec![peer as u8];
+    let wrote = if as_reply && rng.chance(20) {
+        let r = Refusal {
+            field: "config hash".into(),
+            ours: "a".into(),
+            theirs: "b".into(),
+        };
+        block_on(write_msg(&mut out, &Reply::Refused(r)))
+    } else if as_reply {
+        block_on(write_msg(&mut out, &Reply::Welcome(h)))
+    } else {
+        block_on(write_msg(&mut out, &h))
+    };
+    wrote.expect("writing into a Vec cannot fail");
+    (out, 1)
+}

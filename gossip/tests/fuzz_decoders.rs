@@ -1,0 +1,147 @@
+//! Every decoder of peer input on a bounded number of generated inputs
+//! (valid streams, hostile fields, byte mutations, truncations, huge length
+//! prefixes, NaN payloads, random bytes): no input makes one panic, a bad
+//! input is an error, and a valid one is taken whole. The same harness runs
+//! for millions of inputs in the `fuzz_decoders` example and under
+//! `cargo fuzz` (gossip/fuzz).
+
+use slowmo_gossip::p2p::fuzz::{self, Outcome, Rng, TARGETS};
+use slowmo_gossip::p2p::wire::{DType, Header, Kind, WIRE_VERSION, encode_header};
+
+const CASES: usize = 5000;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs `CASES` generated inputs through `target`; returns how many were
+/// valid and how many refused.
+fn exercise(target: &str, seed: u64) -> (usize, usize) {
+    let mut rng = Rng::new(seed);
+    let (mut valid, mut refused) = (0, 0);
+    for i in 0..CASES {
+        let case = fuzz::generate(target, &mut rng);
+        let out =
+            std::panic::catch_unwind(|| fuzz::run(target, &case.bytes)).unwrap_or_else(|_| {
+                panic!(
+                    "{target}: input {i} of seed {seed} panicked: {}",
+                    hex(&case.bytes)
+                )
+            });
+        if out.error.is_some() {
+            refused += 1;
+        }
+        if let Some(n) = case.valid {
+            valid += 1;
+            assert_eq!(
+                out,
+                Outcome {
+                    accepted: n,
+                    dropped: 0,
+                    error: None
+                },
+                "{target}: valid input {i} of seed {seed} not taken whole: {}",
+                hex(&case.bytes)
+            );
+        }
+    }
+    (valid, refused)
+}
+
+fn exercise_all_seeds(target: &str) {
+    let (mut valid, mut refused) = (0, 0);
+    for seed in [1, 2] {
+        let (v, r) = exercise(target, seed);
+        valid += v;
+        refused += r;
+    }
+    // The generator reaches both sides of every decoder.
+    assert!(valid > CASES / 10, "{target}: only {valid} valid inputs");
+    assert!(
+        refused > CASES / 10,
+        "{target}: only {refused} refused inputs"
+    );
+}
+
+#[test]
+fn every_target_has_a_generator() {
+    let mut rng = Rng::new(3);
+    for t in TARGETS {
+        let _ = fuzz::run(t, &fuzz::generate(t, &mut rng).bytes);
+        // An empty stream delivers nothing (for a stream of frames, a clean
+        // end is no error).
+        assert_eq!(fuzz::run(t, &[]).accepted, 0, "{t}");
+    }
+}
+
+#[test]
+fn frame_headers_never_panic_and_round_trip() {
+    exercise_all_seeds("header");
+}
+
+#[test]
+fn push_sum_shares_never_panic() {
+    exercise_all_seeds("share");
+}
+
+#[test]
+fn all_reduce_chunks_never_panic() {
+    exercise_all_seeds("chunk");
+}
+
+#[test]
+fn gather_blocks_never_panic() {
+    exercise_all_seeds("gather");
+}
+
+#[test]
+fn membership_hellos_never_panic() {
+    exercise_all_seeds("hello");
+}
+
+#[test]
+fn membership_replies_never_panic() {
+    exercise_all_seeds("reply");
+}
+
+fn share_header(len: u64) -> Header {
+    Header {
+        version: WIRE_VERSION,
+        run_id: "fuzz-run".into(),
+        view: 3,
+        sender: String::new(),
+        round: 0,
+        kind: Kind::PushSum,
+        dtype: DType::F32,
+        len,
+        weight: 0.5,
+        checksum: 0,
+        step: 0,
+        offset: 0,
+        total: len,
+    }
+}
+
+#[test]
+fn hostile_lengths_are_refused_before_any_allocation() {
+    // A header length prefix of 4 GiB.
+    let out = fuzz::run("header", &[0xff, 0xff, 0xff, 0xff, 1, 2, 3]);
+    assert!(out.error.unwrap().contains("header length"));
+    // A membership message of 4 GiB, and one of 1 MiB + 1.
+    for len in [u32::MAX, (1 << 20) + 1] {
+        let mut input = vec![0u8];
+        input.extend_from_slice(&len.to_le_bytes());
+        let out = fuzz::run("hello", &input);
+        assert!(out.error.unwrap().contains("exceeds"), "{len}");
+    }
+    // A payload of u64::MAX elements (the element count times the size
+    // saturates rather than wrapping).
+    let mut input = vec![0u8];
+    input.extend_from_slice(&encode_header(&share_header(u64::MAX)));
+    let out = fuzz::run("share", &input);
+    assert!(out.error.is_some());
+    let mut input = vec![0u8];
+    input.extend_from_slice(&encode_header(&share_header(1 << 62)));
+    let out = fuzz::run("chunk", &input);
+    assert!(out.error.is_some());
+}
