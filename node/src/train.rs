@@ -512,16 +512,7 @@ impl Worker<'_> {
                     view.lost,
                     view.joined
                 );
-                self.events.push(ViewEvent {
-                    view: view.number,
-                    at_step,
-                    resumed_from: self.outer.steps(),
-                    rank: view.rank,
-                    world: view.world,
-                    lost: view.lost,
-                    joined: view.joined,
-                    rejoined: false,
-                });
+                self.note_view(view, at_step, false);
                 Ok(())
             }
             ViewChange::Excluded(why) => {
@@ -529,6 +520,20 @@ impl Worker<'_> {
                 self.rejoin(comm, at_step)
             }
         }
+    }
+
+    /// Records a change in the summary's list.
+    fn note_view(&mut self, view: NewView, at_step: u64, rejoined: bool) {
+        self.events.push(ViewEvent {
+            view: view.number,
+            at_step,
+            resumed_from: self.outer.steps(),
+            rank: view.rank,
+            world: view.world,
+            lost: view.lost,
+            joined: view.joined,
+            rejoined,
+        });
     }
 
     /// Waits until the run admits this worker, then continues from the
@@ -557,16 +562,7 @@ impl Worker<'_> {
             view.world,
             self.outer.steps()
         );
-        self.events.push(ViewEvent {
-            view: view.number,
-            at_step,
-            resumed_from: self.outer.steps(),
-            rank: view.rank,
-            world: view.world,
-            lost: view.lost,
-            joined: view.joined,
-            rejoined: true,
-        });
+        self.note_view(view, at_step, true);
         Ok(())
     }
 
