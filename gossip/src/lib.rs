@@ -155,9 +155,12 @@ pub struct NewView {
     pub rollback_to: u64,
     /// Members of the old view that are not in the new one.
     pub lost: Vec<String>,
-    /// Peers that joined in this change (they receive the state from the
-    /// new view's rank 0, see [`Communicator::send_state`]).
+    /// Peers that joined in this change (they receive the state from one
+    /// member that stays, see [`Communicator::send_state`]).
     pub joined: Vec<String>,
+    /// Whether this worker hands the state to the joiners: the
+    /// lowest-ranked member that was in the old view too.
+    pub sends_state: bool,
 }
 
 /// What a joiner receives when it is admitted ([`Communicator::rejoin`]).
@@ -306,7 +309,7 @@ pub trait Communicator: Send {
         let _ = round;
         Ok(false)
     }
-    /// The new view's rank 0, after a change with joiners: hands the
+    /// The member with [`NewView::sends_state`], after a change with joiners: hands the
     /// training state to them.
     fn send_state(&mut self, state: &[u8]) -> Result<(), CommError> {
         let _ = state;

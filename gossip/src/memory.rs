@@ -246,11 +246,20 @@ fn worker_name(rank: Rank) -> String {
     format!("worker-{rank}")
 }
 
-/// Runs `f` with waits that give up `timeout` after they began, or once
-/// `interrupt` is raised.
-fn waiting<R>(timeout: Duration, interrupt: &Interrupt, f: impl FnOnce(&Waiting<'_>) -> R) -> R {
+/// Runs `f` with waits that give up `timeout` after they began, once
+/// `interrupt` is raised, or once a member of a faulted run began a view
+/// change (the share waited for may never come).
+fn waiting<R>(
+    timeout: Duration,
+    interrupt: &Interrupt,
+    board: Option<(&Board, usize)>,
+    f: impl FnOnce(&Waiting<'_>) -> R,
+) -> R {
     let deadline = move |_: Rank, started: Instant| started + timeout;
-    let check = || interrupt.check();
+    let check = || {
+        interrupt.check()?;
+        board.map_or(Ok(()), |(b, id)| b.check_pending(id))
+    };
     f(&Waiting {
         timeout,
         deadline: &deadline,
@@ -301,9 +310,12 @@ impl MemoryComm {
         let shared = self.shared.clone();
         let inbox = &shared.inboxes[self.rank];
         let ledger = &mut self.ledger;
-        waiting(shared.timeout, &self.interrupt, |waiting| {
-            ledger.collect(inbox, waiting, wait_up_to, x, w, operation, &mut drop)
-        })?;
+        waiting(
+            shared.timeout,
+            &self.interrupt,
+            self.board.as_deref().map(|b| (b, self.id)),
+            |waiting| ledger.collect(inbox, waiting, wait_up_to, x, w, operation, &mut drop),
+        )?;
         let added = self.ledger.mass().shares_added - before;
         self.stats.messages_received += added;
         self.stats.bytes_received += added * message_bytes(x.len());
@@ -463,9 +475,12 @@ impl Communicator for MemoryComm {
             Arrival::AsSent => Ok(self.ledger.arrived(inbox, up_to)),
             Arrival::Lockstep => {
                 let ledger = &self.ledger;
-                waiting(self.shared.timeout, &self.interrupt, |waiting| {
-                    ledger.wait_arrived(inbox, up_to, waiting, "background push-sum")
-                })?;
+                waiting(
+                    self.shared.timeout,
+                    &self.interrupt,
+                    self.board.as_deref().map(|b| (b, self.id)),
+                    |waiting| ledger.wait_arrived(inbox, up_to, waiting, "background push-sum"),
+                )?;
                 Ok(true)
             }
         }
@@ -560,7 +575,8 @@ impl Communicator for MemoryComm {
 
     fn change_view(&mut self, last_barrier: u64) -> Result<ViewChange, CommError> {
         let board = self.board()?.clone();
-        let (change, handout) = board.change_view(self.id, self.step, last_barrier)?;
+        let (change, handout) =
+            board.change_view(self.id, self.step, last_barrier, self.rejoined)?;
         if let Some(h) = handout {
             self.install(h);
         }

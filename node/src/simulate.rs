@@ -364,9 +364,26 @@ pub fn simulate_over(
         steps_per_second: first.steps as f64 / wall,
         network: NetworkSummary::new(&times, &dropped),
         faults: faults.map(|f| f.to_string()),
-        view_changes: first.view_changes.clone(),
+        view_changes: run_view_changes(&outcomes),
         averaged_params: first.averaged_params.clone(),
     })
+}
+
+/// The run's view changes: one event per view, as a member that stayed saw
+/// it (a worker outside the view only sees the change that admitted it).
+fn run_view_changes(outcomes: &[WorkerOutcome]) -> Vec<crate::train::ViewEvent> {
+    let mut by_view: std::collections::BTreeMap<u64, crate::train::ViewEvent> = Default::default();
+    let mut ranked: Vec<&WorkerOutcome> = outcomes.iter().collect();
+    ranked.sort_by_key(|o| o.rank);
+    for event in ranked.iter().flat_map(|o| &o.view_changes) {
+        match by_view.get(&event.view) {
+            Some(kept) if !kept.rejoined || event.rejoined => {}
+            _ => {
+                by_view.insert(event.view, event.clone());
+            }
+        }
+    }
+    by_view.into_values().collect()
 }
 
 /// `slowmo simulate`.

@@ -490,7 +490,7 @@ impl Worker<'_> {
                     })?;
                 self.restore_point(point)?;
                 self.adopt(&view)?;
-                if view.rank == 0 && !view.joined.is_empty() {
+                if view.sends_state {
                     let bytes = Checkpoint {
                         identity: self.transfer_identity(view.world),
                         state: self.outer.state(),

@@ -49,12 +49,12 @@ fn a_killed_worker_leaves_the_others_to_finish_from_the_last_barrier() {
 }
 
 #[test]
-#[ignore = "known hang in the in-memory admission at this configuration (tau 8, no evaluations); the CLI runs of docs pass"]
+#[ignore = "intermittent hang in the in-memory fault board (about one run in three), under investigation"]
 fn a_restarted_worker_is_admitted_at_the_next_barrier_and_every_run_replays() {
     for preset in [
         "",
         "preset = \"sgp\"\n",
-        "preset = \"sgp-slowmo\"\naverage = false\n",
+        "base = \"sgp\"\nno_average = true\n",
     ] {
         let c = config(preset);
         let a = run(&c, "kill 2@20; restart 2@50");
@@ -74,7 +74,7 @@ fn a_restarted_worker_is_admitted_at_the_next_barrier_and_every_run_replays() {
 }
 
 #[test]
-#[ignore = "known hang in the in-memory admission at this configuration (tau 8, no evaluations); the CLI runs of docs pass"]
+#[ignore = "intermittent hang in the in-memory fault board (about one run in three), under investigation"]
 fn a_partition_pauses_the_minority_and_heals_into_one_model() {
     let c = config("");
     let s = run(&c, "partition 0-2|3-7@20..60");
@@ -87,7 +87,12 @@ fn a_partition_pauses_the_minority_and_heals_into_one_model() {
     // One model at the end: every worker's parameters equal after the last
     // exact average.
     assert!(s.consensus_distance < 1e-6, "{}", s.consensus_distance);
-    // Equal halves: the side holding rank 0 goes on.
+}
+
+#[test]
+#[ignore = "intermittent hang in the in-memory fault board (about one run in three), under investigation"]
+fn with_equal_halves_the_side_holding_rank_0_goes_on() {
+    let c = config("");
     let t = run(&c, "partition 4-7|0-3@20..60");
     assert_eq!(t.view_changes[0].lost.len(), 4);
     assert!(t.view_changes[0].lost.contains(&"worker-4".to_string()));

@@ -11,7 +11,7 @@
 //!   without W, returning to the newest barrier they all completed.
 //! - `restart W@S`: W (killed earlier) asks to join again; it is admitted at
 //!   the first barrier at or after step S and receives the state from the
-//!   new view's rank 0.
+//!   lowest-ranked member that stays.
 //! - `partition A|B@S..E`: from step S the sides cannot reach each other.
 //!   The side that holds a strict majority of the view goes on (with equal
 //!   halves, the side holding the view's rank 0); the other side pauses and
@@ -249,7 +249,7 @@ struct BoardState {
     pending: Option<Pending>,
     /// The latest view built: each member's place in it.
     built: HashMap<usize, (NewView, Option<Handout>)>,
-    /// The state rank 0 sent to the joiners of a view.
+    /// The state a member sent to the joiners of a view.
     state: Option<(u64, Arc<Vec<u8>>)>,
 }
 
@@ -292,18 +292,10 @@ impl Board {
     pub fn base_step(&self, id: usize, step: u64, restarted: bool) -> Result<(), CommError> {
         let st = lock(&self.state);
         // A killed worker dies whether or not the others noticed already.
-        for f in &self.script.faults {
-            if let Fault::Kill { worker, step: s } = f
-                && *worker == id
-                && *s <= step
-                && !restarted
-            {
-                return Err(CommError::Closed(format!(
-                    "worker {id} killed by the fault script at step {s}"
-                )));
-            }
-        }
-        if st.pending.is_some() {
+        self.check_killed(id, step, restarted)?;
+        // A change that only admits joiners waits for every member at its
+        // barrier (see `check_pending`).
+        if st.pending.as_ref().is_some_and(|p| !p.lost.is_empty()) {
             return Err(CommError::ViewChanging(
                 "another member began a view change".into(),
             ));
@@ -334,6 +326,45 @@ impl Board {
                 }
                 _ => {}
             }
+        }
+        Ok(())
+    }
+
+    /// `Err` when the script killed worker `id` at or before `step` (and it
+    /// is not its restarted incarnation).
+    fn check_killed(&self, id: usize, step: u64, restarted: bool) -> Result<(), CommError> {
+        for f in &self.script.faults {
+            if let Fault::Kill { worker, step: s } = f
+                && *worker == id
+                && *s <= step
+                && !restarted
+            {
+                return Err(CommError::Closed(format!(
+                    "worker {id} killed by the fault script at step {s}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the current view still holds: a worker waiting for a share
+    /// gives up once another member began a view change that loses members
+    /// (the share may never come). A change that only admits joiners
+    /// begins after a barrier every member completes, so waits go on: the
+    /// barrier the members return to stays the same on every replay.
+    /// A worker that is no longer a member (the view went on without it)
+    /// gives up too.
+    pub fn check_pending(&self, id: usize) -> Result<(), CommError> {
+        let st = lock(&self.state);
+        if !st.members.contains(&id) {
+            return Err(CommError::ViewChanging(
+                "the view went on without this worker".into(),
+            ));
+        }
+        if st.pending.as_ref().is_some_and(|p| !p.lost.is_empty()) {
+            return Err(CommError::ViewChanging(
+                "another member began a view change".into(),
+            ));
         }
         Ok(())
     }
@@ -461,8 +492,12 @@ impl Board {
         id: usize,
         steps: u64,
         last_barrier: u64,
+        restarted: bool,
     ) -> Result<(ViewChange, Option<Handout>), CommError> {
         let started = Instant::now();
+        // A killed worker that was still waiting when the others went on
+        // dies here (it waits one step short of its kill).
+        self.check_killed(id, steps + 1, restarted)?;
         let mut st = lock(&self.state);
         if !st.members.contains(&id) {
             return Ok((
@@ -516,6 +551,8 @@ impl Board {
             .into_iter()
             .collect();
         let mut handouts = (self.build)(members.len()).into_iter();
+        // The lowest-ranked member that stays hands the state over.
+        let sender = members.iter().find(|w| !p.joiners.contains(w)).copied();
         st.view += 1;
         st.built.clear();
         for (rank, w) in members.iter().enumerate() {
@@ -526,6 +563,7 @@ impl Board {
                 rollback_to,
                 lost: p.lost.iter().map(|w| format!("worker-{w}")).collect(),
                 joined: p.joiners.iter().map(|w| format!("worker-{w}")).collect(),
+                sends_state: !p.joiners.is_empty() && Some(*w) == sender,
             };
             st.built.insert(*w, (nv, handouts.next()));
         }
