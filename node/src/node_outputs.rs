@@ -85,7 +85,7 @@ impl NodeOutputs {
                 self.metrics = None;
                 let path = self.paths.metrics_jsonl.clone().unwrap_or_default();
                 self.errors
-                    .note("--metrics-jsonl", &path, Err::<(), _>(format!("{e:#}")));
+                    .note("--metrics-jsonl", &path, Err::<(), _>(e.root_cause()));
                 eprintln!("stopping the run: its metrics cannot be written");
                 false
             }

@@ -141,7 +141,15 @@ pub fn check(flag: &str, path: &Path, kind: OutputKind) -> Result<(), OutputErro
     }
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => Some(m),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        // The folder checks below say what is wrong with the folder.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            None
+        }
         Err(e) => return Err(refuse(flag, path, e.to_string())),
     };
     match kind {
@@ -296,6 +304,7 @@ mod tests {
         let missing = dir.path().join("no/such/summary.json");
         let e = check("--summary-json", &missing, OutputKind::File).unwrap_err();
         assert!(e.to_string().contains("does not exist"), "{e}");
+        std::fs::write(&ok, b"{}").unwrap();
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&ok, &link).unwrap();
         let e = check("--save-params", &link, OutputKind::File).unwrap_err();
@@ -308,7 +317,7 @@ mod tests {
         check("--metrics-jsonl", Path::new("/dev/null"), OutputKind::Stream).unwrap();
         check("--metrics-jsonl", &link, OutputKind::Stream).unwrap();
         // nothing is left behind by the probes
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 
     #[test]
