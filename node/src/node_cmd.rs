@@ -16,8 +16,8 @@ use crate::config::{ConfigArgs, RunConfig};
 use crate::data;
 use crate::metrics::Progress;
 use crate::model::ParamSpec;
-use crate::simulate::{build_model, load_dataset};
 use crate::node_outputs::{FinalParams, NodeOutputs, NodePaths, failed_summary_bytes};
+use crate::simulate::{build_model, load_dataset};
 use crate::stopping::Stopper;
 use crate::train::{
     CheckpointPlan, StepRecord, Unfinished, WorkerOutcome, WorkerSetup, run_worker_keeping,
@@ -328,7 +328,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     }
     let failed = || failures.join("\n  ");
     match (error, stopper.reason()) {
-        (Some(e), Some("signal")) => bail!("node {rank} stopped by a signal after step {steps}: {e}"),
+        (Some(e), Some("signal")) => {
+            bail!("node {rank} stopped by a signal after step {steps}: {e}")
+        }
         (Some(_), Some("output error")) => bail!(
             "node {rank} stopped after step {steps}: an output could not be written:\n  {}",
             failed()
@@ -353,7 +355,7 @@ fn summarize(
     rank: usize,
     peer_id: String,
     members: Vec<String>,
-    result: &Result<WorkerOutcome, Unfinished>,
+    result: &Result<WorkerOutcome, Box<Unfinished>>,
     last: Option<&StepRecord>,
     stats: CommStats,
 ) -> NodeSummary {

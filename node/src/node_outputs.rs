@@ -49,10 +49,26 @@ impl NodeOutputs {
         saver: impl FnOnce() -> anyhow::Result<Model>,
     ) -> anyhow::Result<Self> {
         outputs::check_all(&[
-            ("--summary-json", paths.summary_json.as_deref(), OutputKind::File),
-            ("--metrics-jsonl", paths.metrics_jsonl.as_deref(), OutputKind::Stream),
-            ("--save-params", paths.save_params.as_deref(), OutputKind::File),
-            ("--checkpoint-dir", paths.checkpoint_dir.as_deref(), OutputKind::Folder),
+            (
+                "--summary-json",
+                paths.summary_json.as_deref(),
+                OutputKind::File,
+            ),
+            (
+                "--metrics-jsonl",
+                paths.metrics_jsonl.as_deref(),
+                OutputKind::Stream,
+            ),
+            (
+                "--save-params",
+                paths.save_params.as_deref(),
+                OutputKind::File,
+            ),
+            (
+                "--checkpoint-dir",
+                paths.checkpoint_dir.as_deref(),
+                OutputKind::Folder,
+            ),
         ])?;
         let metrics = match &paths.metrics_jsonl {
             Some(p) => Some(
@@ -100,11 +116,7 @@ impl NodeOutputs {
     /// The end of the run: the parameters first, then the metrics' last
     /// flush, then the summary with every failure in `output_errors`
     /// (`completed` only when nothing failed). Returns the failures.
-    pub fn finish(
-        mut self,
-        params: Option<FinalParams>,
-        mut summary: NodeSummary,
-    ) -> Vec<String> {
+    pub fn finish(mut self, params: Option<FinalParams>, mut summary: NodeSummary) -> Vec<String> {
         if let (Some(path), Some(saver)) = (&self.paths.save_params, &self.saver) {
             match &params {
                 Some(p) => {

@@ -314,7 +314,12 @@ mod tests {
         );
         let e = check("--save-params", Path::new("/dev/null"), OutputKind::File).unwrap_err();
         assert!(e.to_string().contains("character device"), "{e}");
-        check("--metrics-jsonl", Path::new("/dev/null"), OutputKind::Stream).unwrap();
+        check(
+            "--metrics-jsonl",
+            Path::new("/dev/null"),
+            OutputKind::Stream,
+        )
+        .unwrap();
         check("--metrics-jsonl", &link, OutputKind::Stream).unwrap();
         // nothing is left behind by the probes
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);

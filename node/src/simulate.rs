@@ -380,8 +380,16 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let config = args.config.resolve()?;
     config.check_workers(&slowmo_runspec::Resources::of_this_machine())?;
     crate::outputs::check_all(&[
-        ("--summary-json", args.summary_json.as_deref(), OutputKind::File),
-        ("--save-params", args.save_params.as_deref(), OutputKind::File),
+        (
+            "--summary-json",
+            args.summary_json.as_deref(),
+            OutputKind::File,
+        ),
+        (
+            "--save-params",
+            args.save_params.as_deref(),
+            OutputKind::File,
+        ),
         (
             "--checkpoint-dir",
             args.checkpoints.checkpoint_dir.as_deref(),

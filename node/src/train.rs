@@ -348,11 +348,13 @@ pub fn run_worker_keeping(
     setup: WorkerSetup,
     comm: &mut dyn Communicator,
     on_step: &mut dyn FnMut(&StepRecord),
-) -> Result<WorkerOutcome, Unfinished> {
-    let early = |error: TrainError| Unfinished {
-        error,
-        params: None,
-        steps: 0,
+) -> Result<WorkerOutcome, Box<Unfinished>> {
+    let early = |error: TrainError| {
+        Box::new(Unfinished {
+            error,
+            params: None,
+            steps: 0,
+        })
     };
     let started = Instant::now();
     let WorkerSetup {
@@ -428,10 +430,12 @@ pub fn run_worker_keeping(
             }
         }
     })();
-    result.map_err(|error| Unfinished {
-        error,
-        params: Some(w.outer.params().to_vec()),
-        steps: w.outer.steps(),
+    result.map_err(|error| {
+        Box::new(Unfinished {
+            error,
+            params: Some(w.outer.params().to_vec()),
+            steps: w.outer.steps(),
+        })
     })
 }
 

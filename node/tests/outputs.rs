@@ -39,7 +39,15 @@ fn text(out: &Output) -> String {
 /// A one-node run (it needs no peer) with `extra` flags.
 fn node_alone(steps: u64, extra: &[&OsStr]) -> Output {
     slowmo()
-        .args(["node", "--nodes", "1", "--threads", "1", "--run-id", "alone"])
+        .args([
+            "node",
+            "--nodes",
+            "1",
+            "--threads",
+            "1",
+            "--run-id",
+            "alone",
+        ])
         .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--join-timeout", "20"])
         .args(["--steps", &steps.to_string()])
         .args(SMALL)
@@ -72,7 +80,15 @@ fn a_bad_output_path_is_refused_before_training_or_joining() {
     let params = dir.path().join("params.safetensors");
     // A run of 2 nodes with nobody else: only the join would end it.
     let out = slowmo()
-        .args(["node", "--nodes", "2", "--threads", "1", "--join-timeout", "60"])
+        .args([
+            "node",
+            "--nodes",
+            "2",
+            "--threads",
+            "1",
+            "--join-timeout",
+            "60",
+        ])
         .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--steps", "50"])
         .args(SMALL)
         .args(["--summary-json", "/proc/forbidden.json"])
@@ -88,14 +104,25 @@ fn a_bad_output_path_is_refused_before_training_or_joining() {
         t.contains("--summary-json /proc/forbidden.json"),
         "the flag and path are named: {t}"
     );
-    assert!(!t.contains("joining the run"), "refused before joining: {t}");
+    assert!(
+        !t.contains("joining the run"),
+        "refused before joining: {t}"
+    );
     assert!(!metrics.exists() && !params.exists(), "{t}");
 
     // A folder that is a file, for the metrics.
     let file = dir.path().join("file");
     std::fs::write(&file, b"").unwrap();
     let out = slowmo()
-        .args(["node", "--nodes", "2", "--threads", "1", "--join-timeout", "60"])
+        .args([
+            "node",
+            "--nodes",
+            "2",
+            "--threads",
+            "1",
+            "--join-timeout",
+            "60",
+        ])
         .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
         .args(SMALL)
         .arg("--metrics-jsonl")
@@ -193,9 +220,19 @@ fn a_finished_run_writes_final_parameters_and_a_completed_summary() {
     let s = summary(&summary_path);
     assert_eq!(s["completed"], true, "{s}");
     assert_eq!(s["params_final"], true, "{s}");
-    assert!(s.get("stopped").is_none() && s.get("output_errors").is_none(), "{s}");
-    assert_eq!(std::fs::read_to_string(&metrics).unwrap().lines().count(), 30);
-    assert_eq!(params(&params_path).1, None, "final parameters carry no marker");
+    assert!(
+        s.get("stopped").is_none() && s.get("output_errors").is_none(),
+        "{s}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&metrics).unwrap().lines().count(),
+        30
+    );
+    assert_eq!(
+        params(&params_path).1,
+        None,
+        "final parameters carry no marker"
+    );
     // nothing but the three outputs is left in the folder
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
 }
@@ -251,7 +288,10 @@ fn save_params_never_replaces_a_link_or_a_device() {
     );
     assert_eq!(std::fs::read(&target).unwrap(), b"keep me");
     let ft = std::fs::symlink_metadata(&device).unwrap().file_type();
-    assert!(ft.is_char_device() || ft.is_fifo(), "the device is still one");
+    assert!(
+        ft.is_char_device() || ft.is_fifo(),
+        "the device is still one"
+    );
 }
 
 #[test]
@@ -277,7 +317,9 @@ fn a_non_utf8_data_dir_is_a_clear_error_and_a_non_utf8_output_path_works() {
     }
     // An output path that is not UTF-8 is written as given.
     let summary_path = dir.path().join(OsStr::from_bytes(b"summary-\xfe.json"));
-    let params_path = dir.path().join(OsStr::from_bytes(b"params-\xfe.safetensors"));
+    let params_path = dir
+        .path()
+        .join(OsStr::from_bytes(b"params-\xfe.safetensors"));
     let out = slowmo()
         .args(["simulate", "--workers", "2", "--steps", "10", "--quiet"])
         .args(SMALL)
@@ -357,7 +399,11 @@ fn stop_a_blocked_node(signals: usize) -> (Duration, tempfile::TempDir, String) 
     std::thread::sleep(Duration::from_millis(500));
     let frozen_at = lines(&dir.path().join("a.jsonl"));
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(lines(&dir.path().join("a.jsonl")), frozen_at, "a is blocked");
+    assert_eq!(
+        lines(&dir.path().join("a.jsonl")),
+        frozen_at,
+        "a is blocked"
+    );
     let sent = Instant::now();
     for _ in 0..signals {
         signal(&a, libc::SIGTERM);

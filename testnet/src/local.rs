@@ -7,8 +7,8 @@
 //! again, also on Ctrl-C or when one node fails.
 
 use std::net::{TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

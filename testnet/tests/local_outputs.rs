@@ -126,7 +126,8 @@ fn a_node_that_does_not_stop_within_the_grace_is_named() {
     let t = text(&result);
     assert!(!result.status.success(), "{t}");
     assert!(
-        t.contains("node-0 did not stop within 1 s") && t.contains("node-1 did not stop within 1 s"),
+        t.contains("node-0 did not stop within 1 s")
+            && t.contains("node-1 did not stop within 1 s"),
         "{t}"
     );
     assert!(t.contains("did not stop in time and were killed"), "{t}");
