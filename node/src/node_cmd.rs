@@ -167,17 +167,15 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     }
     let config = options.resolve()?;
     let device = parse_device(&args.device)?;
-    let dataset = load_dataset(&config)?;
-    // Every output is checked before the node joins anyone.
-    let paths = NodePaths {
+    // Every output is checked before the node loads anything or joins anyone.
+    let mut outputs = NodeOutputs::open(NodePaths {
         summary_json: args.summary_json.clone(),
         metrics_jsonl: args.metrics_jsonl.clone(),
         save_params: args.save_params.clone(),
         checkpoint_dir: args.checkpoints.checkpoint_dir.clone(),
-    };
-    let mut outputs = NodeOutputs::open(paths, || {
-        build_model(&config, &dataset, &candle_core::Device::Cpu)
     })?;
+    let dataset = load_dataset(&config)?;
+    outputs.prepare_saver(|| build_model(&config, &dataset, &candle_core::Device::Cpu))?;
     let model = build_model(&config, &dataset, &device)?;
     let x0 = model.init_params(config.seed);
     let run = RunIdentity {

@@ -41,13 +41,9 @@ pub struct NodeOutputs {
 }
 
 impl NodeOutputs {
-    /// Checks every path and opens the metrics file: before the node joins
-    /// the run, so that a bad path costs nobody a wait. `saver` builds the
-    /// model that writes the parameters.
-    pub fn open(
-        paths: NodePaths,
-        saver: impl FnOnce() -> anyhow::Result<Model>,
-    ) -> anyhow::Result<Self> {
+    /// Checks every path and opens the metrics file: before the node loads
+    /// anything or joins the run, so that a bad path costs nobody a wait.
+    pub fn open(paths: NodePaths) -> anyhow::Result<Self> {
         outputs::check_all(&[
             (
                 "--summary-json",
@@ -77,16 +73,24 @@ impl NodeOutputs {
             ),
             None => None,
         };
-        let saver = match &paths.save_params {
-            Some(_) => Some(saver()?),
-            None => None,
-        };
         Ok(Self {
             paths,
             metrics,
-            saver,
+            saver: None,
             errors: OutputErrors::default(),
         })
+    }
+
+    /// With `--save-params`: builds (with `saver`) the model that writes
+    /// the parameter file, before the run starts.
+    pub fn prepare_saver(
+        &mut self,
+        saver: impl FnOnce() -> anyhow::Result<Model>,
+    ) -> anyhow::Result<()> {
+        if self.paths.save_params.is_some() {
+            self.saver = Some(saver()?);
+        }
+        Ok(())
     }
 
     /// Writes one step's record. A failure is reported at once, recorded,
