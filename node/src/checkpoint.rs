@@ -10,15 +10,13 @@
 //! weight, the data-stream position, the recent losses, the run's identity
 //! (config hash, run id, rank, view) and a SHA-256 over every tensor.
 //!
-//! Files are written atomically (a temporary file in the same folder, fsync,
-//! rename, fsync of the folder), so a crash leaves either the old set or the
-//! new one; the newest `keep` are kept. Loading checks the format, the hash,
+//! Files are written atomically ([`crate::outputs::write_atomically`]: a
+//! temporary file in the same folder, fsync, rename, fsync of the folder),
+//! so a crash leaves either the old set or the new one; the newest `keep` are kept. Loading checks the format, the hash,
 //! the identity and every tensor's shape and finiteness, and a resume falls
 //! back to the next older checkpoint when one is refused, saying why.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
@@ -27,6 +25,7 @@ use sha2::{Digest, Sha256};
 use slowmo_optim::LoopState;
 
 use crate::model::ParamSpec;
+use crate::outputs::write_atomically;
 
 /// The format written in each checkpoint's metadata.
 pub const FORMAT: &str = "slowmo-checkpoint/1";
@@ -364,37 +363,6 @@ impl Checkpoint {
         let bytes = std::fs::read(path).map_err(|e| invalid(path, format!("cannot read: {e}")))?;
         Self::from_bytes(&bytes, layout, expect, path)
     }
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same folder:
-/// fsync, rename, fsync of the folder. A reader sees the old file or the new
-/// one, never a part.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("the path has no file name"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let result = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        File::open(if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        })?
-        .sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// The checkpoint files in `dir`, newest (most steps) first.

@@ -37,6 +37,16 @@ impl MetricsWriter {
             .flush()
             .with_context(|| format!("writing {}", self.path.display()))
     }
+
+    /// Flushes and syncs the file at the end of a run (a pipe or a device
+    /// that cannot be synced is only flushed).
+    pub fn finish(mut self) -> std::io::Result<()> {
+        self.out.flush()?;
+        match self.out.get_ref().sync_all() {
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
+            other => other,
+        }
+    }
 }
 
 /// Progress on a terminal as a bar, otherwise as a log line every `every` steps.

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -15,11 +14,13 @@ use slowmo_runspec::NodeSummary;
 use crate::checkpoint::{self, Checkpoint, CheckpointArgs, Identity};
 use crate::config::{ConfigArgs, RunConfig};
 use crate::data;
-use crate::metrics::{MetricsWriter, Progress};
+use crate::metrics::Progress;
 use crate::model::ParamSpec;
+use crate::node_outputs::{FinalParams, NodeOutputs, NodePaths, failed_summary_bytes};
 use crate::simulate::{build_model, load_dataset};
+use crate::stopping::Stopper;
 use crate::train::{
-    CheckpointPlan, StepRecord, TrainError, WorkerOutcome, WorkerSetup, run_worker,
+    CheckpointPlan, StepRecord, Unfinished, WorkerOutcome, WorkerSetup, run_worker_keeping,
 };
 
 /// Arguments of `slowmo node`.
@@ -157,7 +158,8 @@ fn agree_on_checkpoint(
     found
 }
 
-/// `slowmo node`. Returns an error (non-zero exit) when the run did not finish.
+/// `slowmo node`. Returns an error (non-zero exit) when the run did not
+/// finish or an output could not be written.
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let mut options = args.config.options()?;
     if let Some(n) = args.nodes {
@@ -165,7 +167,15 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     }
     let config = options.resolve()?;
     let device = parse_device(&args.device)?;
+    // Every output is checked before the node loads anything or joins anyone.
+    let mut outputs = NodeOutputs::open(NodePaths {
+        summary_json: args.summary_json.clone(),
+        metrics_jsonl: args.metrics_jsonl.clone(),
+        save_params: args.save_params.clone(),
+        checkpoint_dir: args.checkpoints.checkpoint_dir.clone(),
+    })?;
     let dataset = load_dataset(&config)?;
+    outputs.prepare_saver(|| build_model(&config, &dataset, &candle_core::Device::Cpu))?;
     let model = build_model(&config, &dataset, &device)?;
     let x0 = model.init_params(config.seed);
     let run = RunIdentity {
@@ -181,32 +191,27 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
     p2p.peer_timeout = Duration::from_secs(args.peer_timeout);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        ctrlc::set_handler(move || {
-            if stop.swap(true, Ordering::SeqCst) {
-                // Second signal: leave at once.
-                std::process::exit(130);
-            }
-            eprintln!("stopping after the current step (signal again to quit at once)");
-        })
-        .context("installing the signal handler")?;
-    }
+    let joining_summary = match outputs.summary_path() {
+        Some(path) => {
+            let why = "stopped by a signal while joining the run".to_string();
+            let bytes = failed_summary_bytes(&config, why, Some("signal"))
+                .map_err(|e| anyhow::anyhow!("--summary-json: {e}"))?;
+            Some((path.to_path_buf(), bytes))
+        }
+        None => None,
+    };
+    let stopper = Stopper::install(joining_summary)?;
 
     tracing::info!(nodes = config.workers, "joining the run");
     let mut comm = match P2pComm::start(p2p) {
         Ok(c) => c,
         Err(e) => {
             let e = anyhow::Error::new(e).context("joining the run");
-            if let Some(path) = &args.summary_json {
-                let failed = NodeSummary::failed(&config, format!("{e:#}"));
-                std::fs::write(path, serde_json::to_string_pretty(&failed)?)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
+            outputs.write_failed_summary(&config, format!("{e:#}"));
             return Err(e);
         }
     };
+    stopper.training(comm.interrupt_handle());
     let rank = comm.rank();
     let members = comm.members();
     tracing::info!(rank, peer = %comm.local_peer_id(), "run started");
@@ -251,34 +256,26 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         shard,
         model,
         topology,
-        stop: Some(stop),
+        stop: Some(stopper.flag()),
         checkpoints,
         resume,
         join: false,
     };
 
-    let mut metrics = match &args.metrics_jsonl {
-        Some(p) => Some(MetricsWriter::create(p)?),
-        None => None,
-    };
     let progress = Progress::new(config.steps, &format!("node {rank}"));
     let mut last: Option<StepRecord> = None;
-    let mut metrics_error = None;
-    let result = run_worker(setup, &mut comm, &mut |r: &StepRecord| {
+    let result = run_worker_keeping(setup, &mut comm, &mut |r: &StepRecord| {
         progress.step(r);
-        if let Some(m) = metrics.as_mut()
-            && let Err(e) = m.write(r)
-        {
-            metrics_error.get_or_insert(e);
+        if !outputs.record(r) {
+            stopper.stop_for_output_error();
         }
         last = Some(r.clone());
     });
     progress.finish();
     let stats = comm.stats();
     let peer_id = comm.local_peer_id();
-    comm.shutdown();
-
-    let summary = summarize(
+    // Outputs before the network goes: a graceful shutdown may wait on peers.
+    let mut summary = summarize(
         &config,
         rank,
         peer_id,
@@ -287,25 +284,68 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         last.as_ref(),
         stats,
     );
-    if let Some(path) = &args.summary_json {
-        std::fs::write(path, serde_json::to_string_pretty(&summary)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(e) = metrics_error {
-        return Err(e.context("writing metrics"));
-    }
-    let outcome = result.with_context(|| format!("node {rank} did not finish the run"))?;
-    if let Some(path) = &args.save_params {
-        let saver = build_model(&config, &dataset, &candle_core::Device::Cpu)?;
-        saver
-            .save_safetensors(&outcome.averaged_params, path)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    eprintln!(
-        "node {rank}: finished {} steps, train loss {:.4}, test accuracy {:.4} (averaged model), {:.1} steps/s",
-        outcome.steps, outcome.mean_train_loss, outcome.averaged_accuracy, summary.steps_per_second
+    let (params, error) = match result {
+        Ok(o) => (
+            Some(FinalParams {
+                params: o.averaged_params,
+                is_final: true,
+                steps: o.steps,
+            }),
+            None,
+        ),
+        Err(u) => {
+            let why = stopper.reason().unwrap_or("error");
+            summary.stopped = Some(why.into());
+            if why == "output error"
+                && let Some(first) = outputs.errors().first()
+            {
+                summary.error = Some(first.clone());
+            }
+            let params = u.params.map(|params| FinalParams {
+                params,
+                is_final: false,
+                steps: u.steps,
+            });
+            (params, Some(u.error))
+        }
+    };
+    let done = format!(
+        "finished {} steps, train loss {:.4}, test accuracy {:.4} (averaged model), {:.1} steps/s",
+        summary.steps,
+        summary.final_train_loss.unwrap_or(f32::NAN),
+        summary.test_accuracy.unwrap_or(f32::NAN),
+        summary.steps_per_second
     );
-    Ok(())
+    let steps = summary.steps;
+    let failures = outputs.finish(params, summary);
+    stopper.outputs_written();
+    match error {
+        None => comm.shutdown(),
+        // Nothing more to deliver: leave without waiting on silent peers.
+        Some(_) => drop(comm),
+    }
+    let failed = || failures.join("\n  ");
+    match (error, stopper.reason()) {
+        (Some(e), Some("signal")) => {
+            bail!("node {rank} stopped by a signal after step {steps}: {e}")
+        }
+        (Some(_), Some("output error")) => bail!(
+            "node {rank} stopped after step {steps}: an output could not be written:\n  {}",
+            failed()
+        ),
+        (Some(e), _) => {
+            Err(anyhow::Error::new(e).context(format!("node {rank} did not finish the run")))
+        }
+        (None, _) if !failures.is_empty() => bail!(
+            "node {rank} {done}, but {} output(s) could not be written:\n  {}",
+            failures.len(),
+            failed()
+        ),
+        (None, _) => {
+            eprintln!("node {rank}: {done}");
+            Ok(())
+        }
+    }
 }
 
 fn summarize(
@@ -313,7 +353,7 @@ fn summarize(
     rank: usize,
     peer_id: String,
     members: Vec<String>,
-    result: &Result<WorkerOutcome, TrainError>,
+    result: &Result<WorkerOutcome, Box<Unfinished>>,
     last: Option<&StepRecord>,
     stats: CommStats,
 ) -> NodeSummary {
@@ -324,7 +364,7 @@ fn summarize(
     s.peer_id = Some(peer_id);
     s.members = members;
     s.completed = result.is_ok();
-    s.error = result.as_ref().err().map(|e| e.to_string());
+    s.error = result.as_ref().err().map(|u| u.error.to_string());
     s.steps = steps;
     s.bytes_sent = stats.bytes_sent;
     s.bytes_received = stats.bytes_received;

@@ -14,6 +14,7 @@ use crate::config::{ConfigArgs, RunConfig};
 use crate::data::{self, Dataset};
 use crate::model::Model;
 use crate::model::ParamSpec;
+use crate::outputs::{OutputErrors, OutputKind, write_atomically};
 use crate::train::{CheckpointPlan, StepRecord, WorkerOutcome, WorkerSetup, run_worker};
 
 mod network;
@@ -77,6 +78,10 @@ pub struct SimulationSummary {
     pub faults: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub view_changes: Vec<crate::train::ViewEvent>,
+    /// Outputs that could not be written (the parameter file), each with
+    /// its flag, path and reason.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub output_errors: Vec<String>,
     #[serde(skip)]
     pub averaged_params: Vec<f32>,
 }
@@ -365,6 +370,7 @@ pub fn simulate_over(
         network: NetworkSummary::new(&times, &dropped),
         faults: faults.map(|f| f.to_string()),
         view_changes: run_view_changes(&outcomes),
+        output_errors: Vec::new(),
         averaged_params: first.averaged_params.clone(),
     })
 }
@@ -390,6 +396,23 @@ fn run_view_changes(outcomes: &[WorkerOutcome]) -> Vec<crate::train::ViewEvent> 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let config = args.config.resolve()?;
     config.check_workers(&slowmo_runspec::Resources::of_this_machine())?;
+    crate::outputs::check_all(&[
+        (
+            "--summary-json",
+            args.summary_json.as_deref(),
+            OutputKind::File,
+        ),
+        (
+            "--save-params",
+            args.save_params.as_deref(),
+            OutputKind::File,
+        ),
+        (
+            "--checkpoint-dir",
+            args.checkpoints.checkpoint_dir.as_deref(),
+            OutputKind::Folder,
+        ),
+    ])?;
     let network = args
         .network
         .as_deref()
@@ -429,7 +452,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(|f| load_faults(f, config.workers))
         .transpose()?;
-    let summary = simulate_over(
+    let mut summary = simulate_over(
         &config,
         &args.checkpoints,
         network.as_ref(),
@@ -439,16 +462,28 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if !quiet {
         summary.print();
     }
-    if let Some(path) = &args.summary_json {
-        let text = serde_json::to_string_pretty(&summary)?;
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-    }
+    // The parameters first; a failure never keeps the summary from being
+    // written, and the summary records it.
+    let mut errors = OutputErrors::default();
     if let Some(path) = &args.save_params {
         let dataset = load_dataset(&config)?;
         let model = build_model(&config, &dataset, &candle_core::Device::Cpu)?;
-        model
-            .save_safetensors(&summary.averaged_params, path)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let written = model.save_safetensors(&summary.averaged_params, path);
+        errors.note("--save-params", path, written);
+    }
+    summary.output_errors = errors.0.clone();
+    if let Some(path) = &args.summary_json {
+        let written = serde_json::to_vec_pretty(&summary)
+            .map_err(|e| e.to_string())
+            .and_then(|b| write_atomically(path, &b).map_err(|e| e.to_string()));
+        errors.note("--summary-json", path, written);
+    }
+    if !errors.is_empty() {
+        anyhow::bail!(
+            "the run finished, but {} output(s) could not be written:\n  {}",
+            errors.0.len(),
+            errors.0.join("\n  ")
+        );
     }
     Ok(())
 }

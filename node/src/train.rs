@@ -328,6 +328,34 @@ pub fn run_worker(
     comm: &mut dyn Communicator,
     on_step: &mut dyn FnMut(&StepRecord),
 ) -> Result<WorkerOutcome, TrainError> {
+    run_worker_keeping(setup, comm, on_step).map_err(|u| u.error)
+}
+
+/// A run that ended early, with what this worker held then.
+#[derive(Debug)]
+pub struct Unfinished {
+    pub error: TrainError,
+    /// This worker's de-biased parameters when it stopped (none when it
+    /// stopped before it had any).
+    pub params: Option<Vec<f32>>,
+    /// Base steps it had completed.
+    pub steps: u64,
+}
+
+/// [`run_worker`], keeping the worker's current parameters when the run
+/// ends early (a signal, a lost run): they are still worth writing.
+pub fn run_worker_keeping(
+    setup: WorkerSetup,
+    comm: &mut dyn Communicator,
+    on_step: &mut dyn FnMut(&StepRecord),
+) -> Result<WorkerOutcome, Box<Unfinished>> {
+    let early = |error: TrainError| {
+        Box::new(Unfinished {
+            error,
+            params: None,
+            steps: 0,
+        })
+    };
     let started = Instant::now();
     let WorkerSetup {
         config,
@@ -348,7 +376,7 @@ pub fn run_worker(
     let x0 = model.init_params(config.seed);
     let grad = vec![0f32; x0.len()];
     let outer = OuterLoop::new(config.algorithm.clone(), &config.optimizer, x0)
-        .map_err(|e| TrainError::Comm(CommError::Other(e.to_string())))?;
+        .map_err(|e| early(TrainError::Comm(CommError::Other(e.to_string()))))?;
     let batcher = Batcher::new(shard, config.seed ^ ((rank as u64 + 1) << 32));
     let eval_split = head(&dataset.test, sample_len, EVAL_SAMPLES);
     let mut w = Worker {
@@ -377,29 +405,38 @@ pub fn run_worker(
     if let Some(ck) = resume {
         w.outer
             .restore(ck.state)
-            .map_err(|e| TrainError::Resume(e.to_string()))?;
+            .map_err(|e| early(TrainError::Resume(e.to_string())))?;
         w.batcher.seek(ck.epoch, ck.position);
         ck.losses.into_iter().for_each(|l| w.losses.push(l));
     }
-    if join {
-        w.rejoin(comm, 0)?;
-    } else {
-        w.record_point();
-    }
-    loop {
-        match w.train(comm) {
-            Ok(outcome) => return Ok(outcome),
-            Err(TrainError::Comm(e)) if e.needs_view_change() => {
-                tracing::warn!(
-                    "rank {} at step {}: {e}; changing the view",
-                    w.place.rank,
-                    w.outer.steps()
-                );
-                w.change_view(comm)?;
-            }
-            Err(e) => return Err(e),
+    let result = (|| {
+        if join {
+            w.rejoin(comm, 0)?;
+        } else {
+            w.record_point();
         }
-    }
+        loop {
+            match w.train(comm) {
+                Ok(outcome) => return Ok(outcome),
+                Err(TrainError::Comm(e)) if e.needs_view_change() => {
+                    tracing::warn!(
+                        "rank {} at step {}: {e}; changing the view",
+                        w.place.rank,
+                        w.outer.steps()
+                    );
+                    w.change_view(comm)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    })();
+    result.map_err(|error| {
+        Box::new(Unfinished {
+            error,
+            params: Some(w.outer.params().to_vec()),
+            steps: w.outer.steps(),
+        })
+    })
 }
 
 impl Worker<'_> {

@@ -23,6 +23,8 @@ impl ConfigArgs {
     /// The file's settings (if any) with every flag given overlaid, before
     /// defaults; for commands that set some options themselves.
     pub fn options(&self) -> Result<TrainOptions, ConfigError> {
+        // Before the overlay, which goes through TOML and would fail vaguely.
+        self.train.check_paths()?;
         match &self.config {
             Some(path) => TrainOptions::from_file(path)?.overlaid(&self.train),
             None => Ok(self.train.clone()),

@@ -84,6 +84,18 @@ pub struct NodeSummary {
     /// Membership changes this node went through, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub view_changes: Vec<ViewEvent>,
+    /// Why the run ended before its last step: `signal`, `output error` or
+    /// `error` (absent when it ran to the end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    /// With `--save-params`: whether the file holds the run's final averaged
+    /// parameters (`false`: this node's own parameters when it stopped).
+    /// Absent when no parameter file was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_final: Option<bool>,
+    /// Outputs that could not be written, each with its flag, path and reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub output_errors: Vec<String>,
     pub config: RunConfig,
 }
 
@@ -130,6 +142,9 @@ impl NodeSummary {
             wall_seconds: 0.0,
             steps_per_second: 0.0,
             view_changes: Vec::new(),
+            stopped: None,
+            params_final: None,
+            output_errors: Vec::new(),
             config: config.clone(),
         }
     }

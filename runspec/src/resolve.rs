@@ -22,8 +22,25 @@ pub const MAX_STALENESS: u64 = 64;
 pub const MAX_BATCH_SIZE: usize = 1 << 16;
 
 impl TrainOptions {
+    /// The paths among the options can be recorded: run files and summaries
+    /// are UTF-8 (JSON, TOML), so a path that is not is refused by name.
+    pub fn check_paths(&self) -> Result<(), ConfigError> {
+        match &self.data_dir {
+            Some(dir) if dir.to_str().is_none() => Err(invalid(
+                "data_dir",
+                format!(
+                    "--data-dir {} is not valid UTF-8; the run's settings and summaries \
+                     record it, so give a UTF-8 path (a link with a UTF-8 name will do)",
+                    dir.display()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Fills defaults and validates.
     pub fn resolve(&self) -> Result<RunConfig, ConfigError> {
+        self.check_paths()?;
         let base = self.base.unwrap_or(Base::LocalSgd);
         let preset = self.preset.unwrap_or(Preset::Slowmo);
         let mut algorithm: Algorithm = preset.algorithm(base);

@@ -41,6 +41,9 @@ pub struct BenchArgs {
     /// The slowmo binary [default: $SLOWMO_BIN, else `slowmo` beside this program].
     #[arg(long)]
     pub slowmo_bin: Option<PathBuf>,
+    /// Reuse --out: each run's earlier files are removed first.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// One measured configuration.
@@ -141,6 +144,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             peer_timeout: 60,
             node_args: Vec::new(),
             quiet: true,
+            force: args.force,
+            stop_grace: 15,
         };
         launch(&local).with_context(|| format!("the {label} run"))?;
         let figures = (0..args.nodes)

@@ -7,6 +7,7 @@
 //! again, also on Ctrl-C or when one node fails.
 
 use std::net::{TcpListener, UdpSocket};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -55,6 +56,14 @@ pub struct LocalArgs {
     /// Print no combined progress.
     #[arg(long)]
     pub quiet: bool,
+    /// Use an --out folder that is not empty: the earlier run's files
+    /// (run.toml, node-N folders) are removed first.
+    #[arg(long)]
+    pub force: bool,
+    /// Seconds each node has to write its outputs after SIGTERM before it
+    /// is killed.
+    #[arg(long, default_value_t = 15)]
+    pub stop_grace: u64,
 }
 
 /// Finds the slowmo binary.
@@ -91,34 +100,66 @@ fn multiaddr(transport: Transport, port: u16) -> String {
     }
 }
 
-/// Asks a process to stop (SIGTERM), then kills it if it does not.
-fn stop_child(child: &mut Child, grace: Duration) {
-    if let Ok(Some(_)) = child.try_wait() {
-        return;
-    }
-    // SAFETY: plain kill(2) on a pid we started and have not reaped.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+/// Started node processes; dropping stops every one still running.
+struct Nodes {
+    list: Vec<(String, Child)>,
+    /// How long the nodes have after SIGTERM.
+    grace: Duration,
 }
 
-/// Started node processes; dropping stops every one still running.
-struct Nodes(Vec<(String, Child)>);
+impl Nodes {
+    /// Asks every running node to stop (SIGTERM), waits up to the grace
+    /// period for all of them together, and kills the ones still running
+    /// then. Returns the names of those it had to kill (each also reported).
+    fn stop(&mut self) -> Vec<String> {
+        let mut running = Vec::new();
+        for (i, (_, child)) in self.list.iter_mut().enumerate() {
+            if let Ok(None) = child.try_wait() {
+                // SAFETY: plain kill(2) on a pid we started and have not reaped.
+                unsafe {
+                    libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+                }
+                running.push(i);
+            }
+        }
+        let deadline = Instant::now() + self.grace;
+        while !running.is_empty() && Instant::now() < deadline {
+            running.retain(|&i| matches!(self.list[i].1.try_wait(), Ok(None)));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut killed = Vec::new();
+        for i in running {
+            let (name, child) = &mut self.list[i];
+            if let Ok(None) = child.try_wait() {
+                let _ = child.kill();
+                let _ = child.wait();
+                eprintln!(
+                    "{name} did not stop within {} s of SIGTERM (--stop-grace); killed it",
+                    self.grace.as_secs()
+                );
+                killed.push(name.clone());
+            }
+        }
+        killed
+    }
+}
 
 impl Drop for Nodes {
     fn drop(&mut self) {
-        for (_, child) in &mut self.0 {
-            stop_child(child, Duration::from_secs(5));
-        }
+        self.stop();
+    }
+}
+
+/// `; NAMES did not stop in time` for a message, or nothing.
+fn not_stopped(killed: &[String]) -> String {
+    if killed.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} did not stop in time and {} killed",
+            killed.join(", "),
+            if killed.len() == 1 { "was" } else { "were" }
+        )
     }
 }
 
@@ -157,7 +198,7 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
             PathBuf::from("testnet-runs").join(format!("local-{stamp}-{}", std::process::id()))
         }
     };
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    crate::outdir::prepare(&out, args.force)?;
     let run_toml = out.join("run.toml");
     std::fs::write(&run_toml, options.to_toml()?)
         .with_context(|| format!("writing {}", run_toml.display()))?;
@@ -172,7 +213,10 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
     let bootstrap_port = free_port(args.transport)?;
     let bootstrap = multiaddr(args.transport, bootstrap_port);
     let run_id = format!("local-{}", std::process::id());
-    let mut nodes = Nodes(Vec::new());
+    let mut nodes = Nodes {
+        list: Vec::new(),
+        grace: Duration::from_secs(args.stop_grace),
+    };
     let mut dirs = Vec::new();
     for i in 0..args.nodes {
         let name = format!("node-{i}");
@@ -205,6 +249,9 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
             .arg(dir.join("params.safetensors"))
             .args(&args.node_args)
             .stdin(Stdio::null())
+            // Their own process group: a Ctrl-C at the terminal reaches this
+            // harness alone, which then stops each node once.
+            .process_group(0)
             .stdout(log.try_clone()?)
             .stderr(log);
         if i > 0 {
@@ -213,7 +260,7 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {name} ({})", bin.display()))?;
-        nodes.0.push((name, child));
+        nodes.list.push((name, child));
         dirs.push(dir);
     }
     if !args.quiet {
@@ -229,13 +276,14 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
     let mut last_print = Instant::now();
     while exits.iter().any(Option::is_none) {
         if interrupted.load(Ordering::SeqCst) {
-            drop(nodes);
+            let killed = nodes.stop();
             bail!(
-                "interrupted: stopped every node; partial results in {}",
+                "interrupted: stopped every node{}; partial results in {}",
+                not_stopped(&killed),
                 out.display()
             );
         }
-        for (i, (name, child)) in nodes.0.iter_mut().enumerate() {
+        for (i, (name, child)) in nodes.list.iter_mut().enumerate() {
             if exits[i].is_some() {
                 continue;
             }
@@ -250,9 +298,10 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
                         })
                         .unwrap_or_default();
                     let name = name.clone();
-                    drop(nodes);
+                    let killed = nodes.stop();
                     bail!(
-                        "{name} failed ({status}); its log {}:\n{tail}",
+                        "{name} failed ({status}); stopped the others{}; its log {}:\n{tail}",
+                        not_stopped(&killed),
                         log.display()
                     );
                 }

@@ -16,7 +16,12 @@ fn file_err(path: &Path, reason: impl Into<String>) -> ModelError {
     }
 }
 
-pub(super) fn save(layout: &[ParamSpec], params: &[f32], path: &Path) -> Result<(), ModelError> {
+pub(super) fn save(
+    layout: &[ParamSpec],
+    params: &[f32],
+    path: &Path,
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<(), ModelError> {
     let bytes: Vec<Vec<u8>> = layout
         .iter()
         .map(|s| {
@@ -37,8 +42,10 @@ pub(super) fn save(layout: &[ParamSpec], params: &[f32], path: &Path) -> Result<
         })
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
         .map_err(|e| file_err(path, e.to_string()))?;
-    safetensors::serialize_to_file(views, None, path)
-        .map_err(|e| file_err(path, format!("writing safetensors failed: {e}")))
+    let bytes = safetensors::serialize(views, metadata)
+        .map_err(|e| file_err(path, format!("encoding safetensors failed: {e}")))?;
+    crate::outputs::write_atomically(path, &bytes)
+        .map_err(|e| file_err(path, format!("writing failed: {e}")))
 }
 
 pub(super) fn load(

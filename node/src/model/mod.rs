@@ -413,10 +413,21 @@ impl Model {
     }
 
     /// Writes `params` as a safetensors file: one f32 tensor per
-    /// [`ParamSpec`], under its name and shape.
+    /// [`ParamSpec`], under its name and shape. Atomic: a reader sees the
+    /// old file or the new one.
     pub fn save_safetensors(&self, params: &[f32], path: &Path) -> Result<(), ModelError> {
+        self.save_safetensors_with(params, path, None)
+    }
+
+    /// [`Model::save_safetensors`] with string metadata in the header.
+    pub fn save_safetensors_with(
+        &self,
+        params: &[f32],
+        path: &Path,
+        metadata: Option<std::collections::HashMap<String, String>>,
+    ) -> Result<(), ModelError> {
         Self::check_len("the parameter buffer", self.num_params, params.len())?;
-        io::save(&self.layout, params, path)
+        io::save(&self.layout, params, path, metadata)
     }
 
     /// Reads a file written by [`Model::save_safetensors`] for this
