@@ -9,6 +9,8 @@ pub mod exchange;
 pub mod metrics;
 pub mod model;
 pub mod node_cmd;
+pub mod observe;
+pub mod report;
 pub mod simulate;
 pub mod sweep;
 pub mod topology_cmd;

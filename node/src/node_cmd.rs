@@ -67,6 +67,9 @@ pub struct NodeArgs {
     /// Write the final averaged parameters as safetensors.
     #[arg(long)]
     pub save_params: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub checkpoints: CheckpointArgs,
 }
@@ -180,6 +183,12 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     p2p.mdns = args.mdns;
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
     p2p.peer_timeout = Duration::from_secs(args.peer_timeout);
+    let endpoint = args
+        .metrics_addr
+        .as_deref()
+        .map(crate::observe::Endpoint::start)
+        .transpose()?;
+    p2p.metrics = endpoint.as_ref().map(|e| e.registry());
 
     let stop = Arc::new(AtomicBool::new(false));
     {
@@ -207,6 +216,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             return Err(e);
         }
     };
+    if let Some(e) = &endpoint {
+        e.attach(comm.observer());
+    }
     let rank = comm.rank();
     let members = comm.members();
     tracing::info!(rank, peer = %comm.local_peer_id(), "run started");
@@ -266,6 +278,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let mut metrics_error = None;
     let result = run_worker(setup, &mut comm, &mut |r: &StepRecord| {
         progress.step(r);
+        if let Some(e) = &endpoint {
+            e.record(r);
+        }
         if let Some(m) = metrics.as_mut()
             && let Err(e) = m.write(r)
         {

@@ -141,6 +141,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             peer_timeout: 60,
             node_args: Vec::new(),
             quiet: true,
+            metrics_base_port: None,
+            no_report: true,
         };
         launch(&local).with_context(|| format!("the {label} run"))?;
         let figures = (0..args.nodes)
