@@ -120,7 +120,7 @@ fn a_simulate_run_renders_its_plots_in_a_browser() {
     assert_eq!(drawn_plots(&html), expected);
     // self-contained: nothing to fetch
     assert!(!html.contains("src=") && !html.contains("href="));
-    assert!(html.contains("worker 2") && html.contains("\"tau\": 12"));
+    assert!(html.contains("worker 2") && html.contains("&quot;tau&quot;: 12"));
     // barriers at steps 12, 24, ...: grey marker lines in the loss plot
     assert!(html.contains("barrier"));
 

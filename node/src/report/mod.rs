@@ -29,8 +29,11 @@ pub struct ReportArgs {
 
 /// Size of every plot, pixels.
 const SIZE: (u32, u32) = (640, 360);
-/// Steps in the loss curves' moving mean.
+/// Steps in the loss curves' moving mean, at least.
 const LOSS_WINDOW: usize = 10;
+/// The step-time plot stops at this quantile (the slowest steps would
+/// squeeze the rest into one corner).
+const STEP_TIME_QUANTILE: f64 = 0.99;
 
 /// Mean of the last `window` values at each point.
 fn moving_mean(points: &[(f64, f64)], window: usize) -> Vec<(f64, f64)> {
@@ -127,10 +130,17 @@ fn step_markers(data: &RunData) -> Vec<Marker> {
 pub fn figures(data: &RunData) -> anyhow::Result<(Vec<html::Figure>, Vec<String>)> {
     let step = |r: &StepRecord| (r.step + 1) as f64;
     let markers = step_markers(data);
+    let longest = data
+        .nodes
+        .iter()
+        .map(|n| n.records.len())
+        .max()
+        .unwrap_or(0);
+    let window = LOSS_WINDOW.max(longest / 300);
     let smooth = |ls: Vec<Line>| -> Vec<Line> {
         ls.into_iter()
             .map(|l| Line {
-                points: moving_mean(&l.points, LOSS_WINDOW),
+                points: moving_mean(&l.points, window),
                 ..l
             })
             .collect()
@@ -147,7 +157,7 @@ pub fn figures(data: &RunData) -> anyhow::Result<(Vec<html::Figure>, Vec<String>
             Chart {
                 title: "Train loss per node".into(),
                 x_desc: "step".into(),
-                y_desc: format!("loss (mean of {LOSS_WINDOW} steps)"),
+                y_desc: format!("loss (mean of {window} steps)"),
                 lines: smooth(lines(data, |r| Some((step(r), f64::from(r.loss))), "")),
                 markers: markers.clone(),
                 ..Chart::default()
@@ -159,7 +169,7 @@ pub fn figures(data: &RunData) -> anyhow::Result<(Vec<html::Figure>, Vec<String>
             Chart {
                 title: "Train loss against wall time".into(),
                 x_desc: "seconds since the node started".into(),
-                y_desc: format!("loss (mean of {LOSS_WINDOW} steps)"),
+                y_desc: format!("loss (mean of {window} steps)"),
                 lines: smooth(lines(data, |r| Some((r.time, f64::from(r.loss))), "")),
                 ..Chart::default()
             },
@@ -233,12 +243,15 @@ pub fn figures(data: &RunData) -> anyhow::Result<(Vec<html::Figure>, Vec<String>
                     .iter()
                     .map(|n| Line {
                         label: n.name.clone(),
-                        points: step_time_cdf(&n.records),
+                        points: step_time_cdf(&n.records)
+                            .into_iter()
+                            .take_while(|p| p.1 <= STEP_TIME_QUANTILE)
+                            .collect(),
                     })
                     .collect(),
                 ..Chart::default()
             },
-            "Empirical distribution of the wall time between consecutive steps of each node.".into(),
+            "Empirical distribution of the wall time between consecutive steps of each node, up to its 99th percentile.".into(),
         ),
     ];
     let mut figures = Vec::new();

@@ -60,6 +60,23 @@ fn thin(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
     out
 }
 
+/// Tick labels with as many decimals as a tenth of `range` needs.
+fn tick_format(range: f64) -> impl Fn(&f64) -> String {
+    let step = range / 10.0;
+    let decimals = if step > 0.0 && step.is_finite() {
+        (-step.log10().floor()).clamp(0.0, 6.0) as usize
+    } else {
+        0
+    };
+    move |v: &f64| {
+        if v.abs() >= 1e6 {
+            format!("{v:.2e}")
+        } else {
+            format!("{v:.decimals$}")
+        }
+    }
+}
+
 fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     values
         .filter(|v| v.is_finite())
@@ -85,6 +102,16 @@ fn padded((lo, hi): (f64, f64), frac: f64) -> (f64, f64) {
 
 /// The chart as one `<svg>` element; `None` when no line has a point.
 pub fn render(chart: &Chart, size: (u32, u32)) -> Result<Option<String>, String> {
+    // a log axis cannot show zeros: all-zero values get a linear one
+    let any_positive = chart
+        .lines
+        .iter()
+        .flat_map(|l| &l.points)
+        .any(|p| p.1 > 0.0);
+    let chart = &Chart {
+        log_y: chart.log_y && any_positive,
+        ..chart.clone()
+    };
     let ty = |y: f64| {
         if chart.log_y {
             (y > 0.0).then(|| y.log10())
@@ -140,22 +167,22 @@ where
         .y_label_area_size(70)
         .build_cartesian_2d(x0..x1, y0..y1)?;
     let log = chart.log_y;
+    let y_plain = tick_format(y1 - y0);
     let y_fmt = move |v: &f64| {
         if log {
-            format!("{:.0e}", 10f64.powf(*v))
-        } else if v.abs() >= 1e4 || (v.abs() < 1e-2 && *v != 0.0) {
-            format!("{v:.1e}")
+            format!("{:.1e}", 10f64.powf(*v))
         } else {
-            format!("{v:.3}")
+            y_plain(v)
         }
     };
+    let x_fmt = tick_format(x1 - x0);
     c.configure_mesh()
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 14))
         .x_desc(chart.x_desc.as_str())
         .y_desc(chart.y_desc.as_str())
         .y_label_formatter(&y_fmt)
-        .x_label_formatter(&|v| format!("{v:.0}"))
+        .x_label_formatter(&x_fmt)
         .light_line_style(WHITE.mix(0.0))
         .draw()?;
     let barriers = chart
@@ -212,6 +239,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tick_labels_have_the_decimals_their_range_needs() {
+        assert_eq!(tick_format(0.6)(&0.25), "0.25");
+        assert_eq!(tick_format(300.0)(&250.0), "250");
+        assert_eq!(tick_format(0.004)(&0.0015), "0.0015");
+        assert_eq!(tick_format(5e7)(&2.5e7), "2.50e7");
+    }
+
+    #[test]
     fn draws_lines_and_markers_as_svg() {
         let chart = Chart {
             title: "loss".into(),
@@ -263,6 +298,16 @@ mod tests {
         assert_eq!(svg.matches("stroke=\"#BEBEBE\"").count(), 2);
         assert!(svg.contains("view change") && svg.contains("node-0"));
         assert!(!svg.contains("empty after log"));
+        // only zeros: drawn on a linear axis
+        let zeros = Chart {
+            lines: vec![Line {
+                label: "zeros".into(),
+                points: vec![(1.0, 0.0), (2.0, 0.0)],
+            }],
+            ..chart.clone()
+        };
+        let svg = render(&zeros, (640, 360)).unwrap().unwrap();
+        assert!(svg.contains("zeros"));
         let empty = Chart {
             lines: vec![],
             ..chart
