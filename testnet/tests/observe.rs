@@ -157,3 +157,48 @@ fn a_metrics_port_range_past_65535_is_refused_before_anything_starts() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--metrics-base-port 65534"), "{err}");
 }
+
+#[test]
+fn the_compose_file_publishes_each_endpoint_and_a_scrape_config_lists_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, prom) = (dir.path().join("c.yml"), dir.path().join("prom.yml"));
+    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["compose", "--nodes", "3", "--metrics-port", "19500"])
+        .arg("--prometheus-config")
+        .arg(&prom)
+        .arg("-o")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = std::fs::read_to_string(&file).unwrap();
+    for i in 0..3 {
+        assert!(
+            yaml.contains(&format!("ports: [\"127.0.0.1:{}:9100\"]", 19500 + i)),
+            "{yaml}"
+        );
+    }
+    assert_eq!(
+        yaml.matches("\"--metrics-addr\", \"0.0.0.0:9100\"").count(),
+        3
+    );
+    // the metrics network is the one that is not internal
+    let networks = yaml.split("\nnetworks:").nth(1).unwrap();
+    let metrics = networks.split("\n  metrics:").nth(1).unwrap();
+    assert!(!metrics.contains("internal"), "{networks}");
+    let prom = std::fs::read_to_string(&prom).unwrap();
+    assert_eq!(prom.matches("targets: [\"127.0.0.1:").count(), 3, "{prom}");
+    assert!(prom.contains("127.0.0.1:19502") && prom.contains("node: \"node2\""));
+
+    // without the flags nothing is published
+    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["compose", "--nodes", "2"])
+        .output()
+        .unwrap();
+    let plain = String::from_utf8_lossy(&out.stdout);
+    assert!(!plain.contains("ports:") && !plain.contains("--metrics-addr"));
+}
