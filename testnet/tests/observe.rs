@@ -202,3 +202,36 @@ fn the_compose_file_publishes_each_endpoint_and_a_scrape_config_lists_them() {
     let plain = String::from_utf8_lossy(&out.stdout);
     assert!(!plain.contains("ports:") && !plain.contains("--metrics-addr"));
 }
+
+#[test]
+fn the_testnet_benchmark_prints_only_its_table_on_stdout() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["bench", "--nodes", "2", "--steps", "5"])
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .arg("--out")
+        .arg(out_dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    // a title, the column names, one row per configuration
+    assert_eq!(lines.len(), 7, "{stdout}");
+    assert!(lines[1].starts_with("run "), "{stdout}");
+    for (line, label) in lines[2..].iter().zip([
+        "no communication",
+        "sgp",
+        "osgp",
+        "osgp background",
+        "slowmo-sgp",
+    ]) {
+        assert!(line.starts_with(label), "{line}");
+    }
+}
