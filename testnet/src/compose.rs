@@ -337,13 +337,7 @@ impl TestnetSpec {
             let mut networks =
                 Yaml::map().with(NETWORK, Yaml::map().with("ipv4_address", ip.to_string()));
             if let Some(ports) = &self.metrics_ports {
-                use crate::observe::{CONTAINER_METRICS_PORT, METRICS_NETWORK};
-                let port = ports[shape.index];
-                service.insert(
-                    "ports",
-                    vec![format!("127.0.0.1:{port}:{CONTAINER_METRICS_PORT}")],
-                );
-                networks.insert(METRICS_NETWORK, Yaml::map());
+                crate::observe::publish(&mut service, &mut networks, ports[shape.index]);
             }
             service.insert("networks", networks);
             service.insert("volumes", vec![format!("{name}-data:{DATA_DIR}")]);
@@ -369,8 +363,7 @@ impl TestnetSpec {
             );
         let mut networks = Yaml::map().with(NETWORK, network);
         if self.metrics_ports.is_some() {
-            let metrics = Yaml::map().with("driver", "bridge");
-            networks.insert(crate::observe::METRICS_NETWORK, metrics);
+            crate::observe::add_metrics_network(&mut networks);
         }
         Yaml::map()
             .with("version", "2.4")
@@ -463,14 +456,7 @@ pub fn run(args: ComposeArgs) -> anyhow::Result<()> {
         None => print!("{text}"),
     }
     if let (Some(path), Some(ports)) = (&args.prometheus_config, &spec.metrics_ports) {
-        let nodes: Vec<(String, u16)> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (node_name(i), *p))
-            .collect();
-        std::fs::write(path, crate::observe::prometheus_config("slowmo", &nodes))
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
-        eprintln!("wrote {} (scrapes {} nodes)", path.display(), nodes.len());
+        crate::observe::write_prometheus_config(path, ports)?;
     }
     Ok(())
 }

@@ -7,6 +7,8 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
+use crate::yaml::Yaml;
+
 /// Port of the metrics endpoint inside a compose node's container.
 pub const CONTAINER_METRICS_PORT: u16 = 9100;
 /// The compose network that carries only the published metrics ports (the
@@ -40,6 +42,32 @@ pub fn prometheus_config(job: &str, nodes: &[(String, u16)]) -> String {
         ));
     }
     out
+}
+
+/// Publishes a compose service's metrics endpoint on 127.0.0.1:`port` of
+/// the host, through the metrics network.
+pub fn publish(service: &mut Yaml, networks: &mut Yaml, port: u16) {
+    let published = format!("127.0.0.1:{port}:{CONTAINER_METRICS_PORT}");
+    service.insert("ports", vec![published]);
+    networks.insert(METRICS_NETWORK, Yaml::map());
+}
+
+/// Declares the (not internal) metrics network of a compose file.
+pub fn add_metrics_network(networks: &mut Yaml) {
+    networks.insert(METRICS_NETWORK, Yaml::map().with("driver", "bridge"));
+}
+
+/// Writes the scrape configuration of compose nodes `node0..` at `ports`.
+pub fn write_prometheus_config(path: &Path, ports: &[u16]) -> anyhow::Result<()> {
+    let nodes: Vec<(String, u16)> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (crate::compose::node_name(i), *p))
+        .collect();
+    std::fs::write(path, prometheus_config("slowmo", &nodes))
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {} (scrapes {} nodes)", path.display(), nodes.len());
+    Ok(())
 }
 
 /// Runs `slowmo report DIR` and returns the page's path.
