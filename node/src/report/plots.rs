@@ -168,9 +168,16 @@ where
         .build_cartesian_2d(x0..x1, y0..y1)?;
     let log = chart.log_y;
     let y_plain = tick_format(y1 - y0);
+    // mantissa digits enough to tell ticks apart within the decades shown
+    let digits = match y1 - y0 {
+        r if r >= 2.0 => 0,
+        r if r >= 0.3 => 1,
+        r if r >= 0.03 => 2,
+        _ => 3,
+    };
     let y_fmt = move |v: &f64| {
         if log {
-            format!("{:.1e}", 10f64.powf(*v))
+            format!("{:.digits$e}", 10f64.powf(*v))
         } else {
             y_plain(v)
         }
