@@ -18,6 +18,8 @@ enum Command {
     Topology(slowmo_node::topology_cmd::TopologyArgs),
     /// Measure the simulator's overhead, transport throughput and all-reduce.
     Bench(slowmo_node::bench_cmd::BenchArgs),
+    /// Write an HTML report with plots of a run folder.
+    Report(slowmo_node::report::ReportArgs),
 }
 
 /// Sets candle's compute threads unless the user chose already. Many
@@ -38,17 +40,23 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match &cli.command {
         Command::Simulate(_) => set_compute_threads(1),
-        Command::Topology(_) | Command::Bench(_) => set_compute_threads(1),
+        Command::Topology(_) | Command::Bench(_) | Command::Report(_) => set_compute_threads(1),
         Command::Node(args) => {
             if let Some(n) = args.threads {
                 set_compute_threads(n.max(1));
             }
         }
     }
+    // Benchmarks print tables on stdout; their logs stay on stderr, and
+    // only warnings unless RUST_LOG asks for more.
+    let default_level = match cli.command {
+        Command::Bench(_) => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -57,6 +65,7 @@ fn main() -> std::process::ExitCode {
         Command::Node(args) => slowmo_node::node_cmd::run(*args),
         Command::Topology(args) => slowmo_node::topology_cmd::run(args),
         Command::Bench(args) => slowmo_node::bench_cmd::run(args),
+        Command::Report(args) => slowmo_node::report::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

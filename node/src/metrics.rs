@@ -31,7 +31,22 @@ impl MetricsWriter {
 
     /// Writes one record.
     pub fn write(&mut self, record: &StepRecord) -> anyhow::Result<()> {
-        serde_json::to_writer(&mut self.out, record)?;
+        self.write_json(record)
+    }
+
+    /// Writes one record of a simulated worker, with a `worker` field.
+    pub fn write_worker(&mut self, worker: usize, record: &StepRecord) -> anyhow::Result<()> {
+        #[derive(serde::Serialize)]
+        struct Tagged<'a> {
+            worker: usize,
+            #[serde(flatten)]
+            record: &'a StepRecord,
+        }
+        self.write_json(&Tagged { worker, record })
+    }
+
+    fn write_json(&mut self, value: &impl serde::Serialize) -> anyhow::Result<()> {
+        serde_json::to_writer(&mut self.out, value)?;
         self.out.write_all(b"\n")?;
         self.out
             .flush()

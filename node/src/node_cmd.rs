@@ -68,6 +68,9 @@ pub struct NodeArgs {
     /// Write the final averaged parameters as safetensors.
     #[arg(long)]
     pub save_params: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub checkpoints: CheckpointArgs,
 }
@@ -190,6 +193,12 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     p2p.mdns = args.mdns;
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
     p2p.peer_timeout = Duration::from_secs(args.peer_timeout);
+    let endpoint = args
+        .metrics_addr
+        .as_deref()
+        .map(crate::observe::Endpoint::start)
+        .transpose()?;
+    p2p.metrics = endpoint.as_ref().map(|e| e.registry());
 
     let joining_summary = match outputs.summary_path() {
         Some(path) => {
@@ -212,6 +221,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         }
     };
     stopper.training(comm.interrupt_handle());
+    if let Some(e) = &endpoint {
+        e.attach(comm.observer());
+    }
     let rank = comm.rank();
     let members = comm.members();
     tracing::info!(rank, peer = %comm.local_peer_id(), "run started");
@@ -266,6 +278,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let mut last: Option<StepRecord> = None;
     let result = run_worker_keeping(setup, &mut comm, &mut |r: &StepRecord| {
         progress.step(r);
+        if let Some(e) = &endpoint {
+            e.record(r);
+        }
         if !outputs.record(r) {
             stopper.stop_for_output_error();
         }

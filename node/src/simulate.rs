@@ -31,6 +31,10 @@ pub struct SimulateArgs {
     /// Write the final averaged parameters as safetensors.
     #[arg(long)]
     pub save_params: Option<PathBuf>,
+    /// Write every worker's per-step metrics as JSON lines (each with a
+    /// `worker` field) to this file.
+    #[arg(long)]
+    pub metrics_jsonl: Option<PathBuf>,
     /// Print no progress lines.
     #[arg(long)]
     pub quiet: bool,
@@ -242,6 +246,21 @@ pub fn simulate_over(
     faults: Option<&FaultScript>,
     on_step: &mut (dyn FnMut(&StepRecord) + Send),
 ) -> anyhow::Result<SimulationSummary> {
+    simulate_observed(config, checkpoints, network, faults, on_step, None)
+}
+
+/// Sees every worker's step records: (worker index at the start, record).
+pub type EveryWorker<'a> = &'a (dyn Fn(usize, &StepRecord) + Sync);
+
+/// [`simulate_over`], with `every` seeing every worker's records too.
+pub fn simulate_observed(
+    config: &RunConfig,
+    checkpoints: &CheckpointArgs,
+    network: Option<&slowmo_gossip::simnet::SimNetwork>,
+    faults: Option<&FaultScript>,
+    on_step: &mut (dyn FnMut(&StepRecord) + Send),
+    every: Option<EveryWorker<'_>>,
+) -> anyhow::Result<SimulationSummary> {
     if faults.is_some() && network.is_some() {
         anyhow::bail!("--faults and --network cannot be combined yet");
     }
@@ -287,7 +306,7 @@ pub fn simulate_over(
     let outcomes: Vec<anyhow::Result<Finished>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         let mut on_step = Some(on_step);
-        for (mut comm, shard, resume, join) in starts {
+        for (worker, (mut comm, shard, resume, join)) in starts.enumerate() {
             let rank = slowmo_gossip::Communicator::rank(&comm);
             let plan = checkpoints
                 .checkpoint_dir
@@ -323,7 +342,13 @@ pub fn simulate_over(
                     Some(f) => f,
                     None => &mut ignore,
                 };
-                run_worker(setup, &mut comm, observer)
+                let mut both = |r: &StepRecord| {
+                    observer(r);
+                    if let Some(every) = every {
+                        every(worker, r);
+                    }
+                };
+                run_worker(setup, &mut comm, &mut both)
                     .map(|o| (o, slowmo_gossip::Communicator::virtual_time(&comm)))
                     .with_context(|| format!("worker {rank}"))
             }));
@@ -412,6 +437,11 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             args.checkpoints.checkpoint_dir.as_deref(),
             OutputKind::Folder,
         ),
+        (
+            "--metrics-jsonl",
+            args.metrics_jsonl.as_deref(),
+            OutputKind::Stream,
+        ),
     ])?;
     let network = args
         .network
@@ -452,12 +482,31 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(|f| load_faults(f, config.workers))
         .transpose()?;
-    let mut summary = simulate_over(
+    let writer = args
+        .metrics_jsonl
+        .as_deref()
+        .map(crate::metrics::MetricsWriter::create)
+        .transpose()?
+        .map(std::sync::Mutex::new);
+    let write_error = std::sync::Mutex::new(None);
+    let every = |worker: usize, r: &StepRecord| {
+        if let Some(w) = &writer {
+            let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = w.write_worker(worker, r) {
+                write_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(e);
+            }
+        }
+    };
+    let mut summary = simulate_observed(
         &config,
         &args.checkpoints,
         network.as_ref(),
         faults.as_ref(),
         &mut progress,
+        writer.as_ref().map(|_| &every as EveryWorker<'_>),
     )?;
     if !quiet {
         summary.print();
@@ -465,6 +514,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     // The parameters first; a failure never keeps the summary from being
     // written, and the summary records it.
     let mut errors = OutputErrors::default();
+    if let (Some(path), Some(e)) = (
+        &args.metrics_jsonl,
+        write_error.into_inner().unwrap_or_else(|e| e.into_inner()),
+    ) {
+        errors.note("--metrics-jsonl", path, Err(format!("{e:#}")));
+    }
     if let Some(path) = &args.save_params {
         let dataset = load_dataset(&config)?;
         let model = build_model(&config, &dataset, &candle_core::Device::Cpu)?;

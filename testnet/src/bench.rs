@@ -146,6 +146,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             quiet: true,
             force: args.force,
             stop_grace: 15,
+            metrics_base_port: None,
+            no_report: true,
         };
         launch(&local).with_context(|| format!("the {label} run"))?;
         let figures = (0..args.nodes)

@@ -43,6 +43,8 @@ pub enum ComposeError {
     ParseConfig { path: PathBuf, message: String },
     #[error("--image must not be empty")]
     NoImage,
+    #[error("{0}")]
+    Metrics(String),
     #[error(transparent)]
     Profile(#[from] crate::profile::ProfileError),
 }
@@ -104,6 +106,13 @@ pub struct ComposeArgs {
     /// Write the file here instead of to stdout.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// Publish each node's Prometheus endpoint on this host: node i at
+    /// 127.0.0.1:(PORT + i) [default with --prometheus-config: 9100].
+    #[arg(long, value_name = "PORT")]
+    pub metrics_port: Option<u16>,
+    /// Also write a Prometheus scrape configuration for those endpoints.
+    #[arg(long, value_name = "FILE")]
+    pub prometheus_config: Option<PathBuf>,
     /// More `slowmo node` arguments for every node, after `--`
     /// (e.g. `-- --steps 50 --staleness 2`).
     #[arg(last = true)]
@@ -124,6 +133,8 @@ pub struct TestnetSpec {
     pub join_timeout: u64,
     pub log: String,
     pub node_args: Vec<String>,
+    /// Host ports of the nodes' metrics endpoints, if published.
+    pub metrics_ports: Option<Vec<u16>>,
 }
 
 /// An IPv4 network, `address/prefix`.
@@ -220,7 +231,15 @@ impl TestnetSpec {
         let profile = Profile::load(&args.profile)?;
         let default_cpus = args.host_cpus.unwrap_or_else(host_cpus) / args.nodes as f64;
         let shapes = profile.resolve(args.nodes, default_cpus)?;
+        let base = args
+            .metrics_port
+            .or(args.prometheus_config.as_ref().map(|_| 9100));
+        let metrics_ports = base
+            .map(|p| crate::observe::metrics_ports("--metrics-port", p, args.nodes))
+            .transpose()
+            .map_err(|e| ComposeError::Metrics(e.to_string()))?;
         Ok(TestnetSpec {
+            metrics_ports,
             image: args.image.clone(),
             network,
             transport: args.transport,
@@ -267,6 +286,10 @@ impl TestnetSpec {
         flag("--metrics-jsonl", format!("{DATA_DIR}/metrics.jsonl"));
         flag("--summary-json", format!("{DATA_DIR}/summary.json"));
         flag("--save-params", format!("{DATA_DIR}/params.safetensors"));
+        if self.metrics_ports.is_some() {
+            let port = crate::observe::CONTAINER_METRICS_PORT;
+            flag("--metrics-addr", format!("0.0.0.0:{port}"));
+        }
         cmd.extend(self.node_args.iter().cloned());
         cmd
     }
@@ -311,10 +334,12 @@ impl TestnetSpec {
             if let Some(shares) = shape.cpu_shares {
                 service.insert("cpu_shares", i64::from(shares));
             }
-            service.insert(
-                "networks",
-                Yaml::map().with(NETWORK, Yaml::map().with("ipv4_address", ip.to_string())),
-            );
+            let mut networks =
+                Yaml::map().with(NETWORK, Yaml::map().with("ipv4_address", ip.to_string()));
+            if let Some(ports) = &self.metrics_ports {
+                crate::observe::publish(&mut service, &mut networks, ports[shape.index]);
+            }
+            service.insert("networks", networks);
             service.insert("volumes", vec![format!("{name}-data:{DATA_DIR}")]);
             service.insert(
                 "labels",
@@ -336,10 +361,14 @@ impl TestnetSpec {
                     Yaml::List(vec![Yaml::map().with("subnet", self.network.to_string())]),
                 ),
             );
+        let mut networks = Yaml::map().with(NETWORK, network);
+        if self.metrics_ports.is_some() {
+            crate::observe::add_metrics_network(&mut networks);
+        }
         Yaml::map()
             .with("version", "2.4")
             .with("services", services)
-            .with("networks", Yaml::map().with(NETWORK, network))
+            .with("networks", networks)
             .with("volumes", volumes)
     }
 
@@ -426,6 +455,9 @@ pub fn run(args: ComposeArgs) -> anyhow::Result<()> {
         }
         None => print!("{text}"),
     }
+    if let (Some(path), Some(ports)) = (&args.prometheus_config, &spec.metrics_ports) {
+        crate::observe::write_prometheus_config(path, ports)?;
+    }
     Ok(())
 }
 
@@ -446,6 +478,8 @@ mod tests {
             join_timeout: 60,
             log: "info".into(),
             output: None,
+            metrics_port: None,
+            prometheus_config: None,
             node_args: vec!["--steps".into(), "7".into()],
         }
     }

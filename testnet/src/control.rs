@@ -134,6 +134,11 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let rows = results::collect(&project.containers()?, &dir)?;
     println!("{}", results_table(&rows));
     eprintln!("results in {}", dir.display());
+    // The page needs the slowmo binary on this host (beside this program).
+    match crate::local::slowmo_binary(None).and_then(|b| crate::observe::write_report(&b, &dir)) {
+        Ok(path) => println!("report: {}", path.display()),
+        Err(e) => eprintln!("no report written: {e:#}"),
+    }
     if args.down {
         down(&args.target)?;
     }

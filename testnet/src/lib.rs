@@ -6,6 +6,7 @@ pub mod compose;
 pub mod control;
 pub mod docker;
 pub mod local;
+pub mod observe;
 pub mod outdir;
 pub mod profile;
 pub mod results;

@@ -64,6 +64,13 @@ pub struct LocalArgs {
     /// is killed.
     #[arg(long, default_value_t = 15)]
     pub stop_grace: u64,
+    /// Serve each node's Prometheus metrics: node i at
+    /// http://127.0.0.1:(PORT + i)/metrics.
+    #[arg(long, value_name = "PORT")]
+    pub metrics_base_port: Option<u16>,
+    /// Write no report.html at the end.
+    #[arg(long)]
+    pub no_report: bool,
 }
 
 /// Finds the slowmo binary.
@@ -169,10 +176,26 @@ fn last_step(metrics: &Path) -> Option<(u64, f32)> {
     Some((r.step + 1, r.loss))
 }
 
-/// Runs a local testnet to the end; errors name the node that failed.
-pub fn run(args: LocalArgs) -> anyhow::Result<()> {
+/// A new folder under testnet-runs/.
+fn default_out() -> PathBuf {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    PathBuf::from("testnet-runs").join(format!("local-{stamp}-{}", std::process::id()))
+}
+
+/// Runs a local testnet to the end and writes its report; errors name the
+/// node that failed.
+pub fn run(mut args: LocalArgs) -> anyhow::Result<()> {
+    let out = args.out.get_or_insert_with(default_out).clone();
     let results = launch(&args)?;
     println!("{}", results_table(&results));
+    if !args.no_report {
+        let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
+        let path = crate::observe::write_report(&bin, &out)?;
+        println!("report: {}", path.display());
+    }
     Ok(())
 }
 
@@ -188,16 +211,11 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
     // dataset.
     config.check_local_nodes(args.nodes, &slowmo_runspec::Resources::of_this_machine())?;
     let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
-    let out = match &args.out {
-        Some(p) => p.clone(),
-        None => {
-            let stamp = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            PathBuf::from("testnet-runs").join(format!("local-{stamp}-{}", std::process::id()))
-        }
-    };
+    let out = args.out.clone().unwrap_or_else(default_out);
+    let metrics_ports = args
+        .metrics_base_port
+        .map(|p| crate::observe::metrics_ports("--metrics-base-port", p, args.nodes))
+        .transpose()?;
     crate::outdir::prepare(&out, args.force)?;
     let run_toml = out.join("run.toml");
     std::fs::write(&run_toml, options.to_toml()?)
@@ -256,6 +274,9 @@ pub fn launch(args: &LocalArgs) -> anyhow::Result<Vec<ResultRow>> {
             .stderr(log);
         if i > 0 {
             cmd.args(["--bootstrap", &bootstrap]);
+        }
+        if let Some(ports) = &metrics_ports {
+            cmd.args(["--metrics-addr", &format!("127.0.0.1:{}", ports[i])]);
         }
         let child = cmd
             .spawn()

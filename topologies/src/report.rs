@@ -198,7 +198,7 @@ pub fn curves(
 }
 
 /// Distinct qualitative line colours, cycled.
-const LINE_COLORS: [RGBColor; 10] = [
+pub const LINE_COLORS: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -214,7 +214,8 @@ const LINE_COLORS: [RGBColor; 10] = [
 /// Errors below this are drawn at this value (the log axis cannot show 0).
 pub const PLOT_FLOOR: f64 = 1e-16;
 
-fn register_font() {
+/// Makes the shipped font plotters' `sans-serif` (once per process).
+pub fn register_font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // The bytes are a valid TrueType font (checked by a test); a failure

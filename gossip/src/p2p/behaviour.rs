@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use libp2p::core::ConnectedPoint;
+use libp2p::metrics::{Metrics, Recorder};
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
@@ -155,11 +156,48 @@ fn log_dial_error(peer: Option<PeerId>, error: &DialError, logged: &mut HashMap<
     }
 }
 
-/// Builds the swarm (must run inside the node's tokio runtime).
+/// The protocols of a node.
+fn behaviour(
+    key: &Keypair,
+    mdns_on: bool,
+) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
+    let mdns = if mdns_on {
+        Some(mdns::tokio::Behaviour::new(
+            mdns::Config::default(),
+            key.public().to_peer_id(),
+        )?)
+    } else {
+        None
+    };
+    Ok(Behaviour {
+        identify: identify::Behaviour::new(identify::Config::new("/slowmo/1".into(), key.public())),
+        ping: ping::Behaviour::new(ping::Config::new()),
+        mdns: Toggle::from(mdns),
+        stream: libp2p_stream::Behaviour::new(),
+    })
+}
+
+fn swarm_config(c: libp2p::swarm::Config) -> libp2p::swarm::Config {
+    c.with_idle_connection_timeout(Duration::from_secs(3600))
+        .with_dial_concurrency_factor(std::num::NonZeroU8::MIN)
+}
+
+/// Records libp2p's connection, protocol, identify and ping metrics.
+fn record(metrics: &Metrics, event: &SwarmEvent<BehaviourEvent>) {
+    match event {
+        SwarmEvent::Behaviour(BehaviourEvent::Identify(e)) => metrics.record(e),
+        SwarmEvent::Behaviour(BehaviourEvent::Ping(e)) => metrics.record(e),
+        _ => {}
+    }
+    metrics.record(event);
+}
+
+/// Builds the swarm (must run inside the node's tokio runtime), with
+/// libp2p's metrics when `cfg.metrics` names a registry.
 pub(crate) fn build_swarm(
     keypair: Keypair,
     cfg: &P2pConfig,
-) -> Result<Swarm<Behaviour>, CommError> {
+) -> Result<(Swarm<Behaviour>, Option<Metrics>), CommError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         CommError::Other(format!("building the libp2p swarm ({what}): {e}"))
     };
@@ -170,7 +208,7 @@ pub(crate) fn build_swarm(
         .as_millis();
     let idle_ms = idle_ms.min(u32::MAX as u128) as u32;
     let mdns_on = cfg.mdns;
-    let swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
+    let builder = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
         .with_tcp(
             tcp::Config::default().nodelay(true),
@@ -192,33 +230,27 @@ pub(crate) fn build_swarm(
             }
         })
         .with_dns()
-        .map_err(|e| fail("dns", &e))?
-        .with_behaviour(|key| {
-            let mdns = if mdns_on {
-                Some(mdns::tokio::Behaviour::new(
-                    mdns::Config::default(),
-                    key.public().to_peer_id(),
-                )?)
-            } else {
-                None
-            };
-            Ok(Behaviour {
-                identify: identify::Behaviour::new(identify::Config::new(
-                    "/slowmo/1".into(),
-                    key.public(),
-                )),
-                ping: ping::Behaviour::new(ping::Config::new()),
-                mdns: Toggle::from(mdns),
-                stream: libp2p_stream::Behaviour::new(),
-            })
-        })
-        .map_err(|e| fail("behaviour", &e))?
-        .with_swarm_config(|c| {
-            c.with_idle_connection_timeout(Duration::from_secs(3600))
-                .with_dial_concurrency_factor(std::num::NonZeroU8::MIN)
-        })
-        .build();
-    Ok(swarm)
+        .map_err(|e| fail("dns", &e))?;
+    Ok(match &cfg.metrics {
+        Some(registry) => {
+            let mut registry = lock(registry);
+            let swarm = builder
+                .with_bandwidth_metrics(&mut registry)
+                .with_behaviour(|key| behaviour(key, mdns_on))
+                .map_err(|e| fail("behaviour", &e))?
+                .with_swarm_config(swarm_config)
+                .build();
+            (swarm, Some(Metrics::new(&mut registry)))
+        }
+        None => {
+            let swarm = builder
+                .with_behaviour(|key| behaviour(key, mdns_on))
+                .map_err(|e| fail("behaviour", &e))?
+                .with_swarm_config(swarm_config)
+                .build();
+            (swarm, None)
+        }
+    })
 }
 
 /// Drives the swarm until the command channel closes: forwards connection
@@ -231,6 +263,7 @@ pub(crate) async fn run_swarm(
     events: mpsc::UnboundedSender<NetEvent>,
     listen_addrs: Arc<Mutex<Vec<Multiaddr>>>,
     bootstrap: Vec<Multiaddr>,
+    metrics: Option<Metrics>,
 ) {
     let local = *swarm.local_peer_id();
     let mut discovering = true;
@@ -293,7 +326,11 @@ pub(crate) async fn run_swarm(
                     }
                 }
             },
-            event = swarm.select_next_some() => match event {
+            event = swarm.select_next_some() => {
+            if let Some(m) = &metrics {
+                record(m, &event);
+            }
+            match event {
                 SwarmEvent::NewListenAddr { address, .. } => {
                     tracing::info!(%address, "listening on {address}/p2p/{local}");
                     lock(&listen_addrs).push(address);
@@ -349,7 +386,7 @@ pub(crate) async fn run_swarm(
                     }
                 }
                 _ => {}
-            },
+            }},
         }
     }
     tracing::debug!("swarm task finished");

@@ -79,7 +79,13 @@ pub struct P2pConfig {
     pub max_offences: u32,
     /// Threads of the node's own tokio runtime.
     pub worker_threads: usize,
+    /// Where libp2p's own metrics go (connections, protocols, bandwidth,
+    /// identify and ping), for a Prometheus endpoint; `None`: not recorded.
+    pub metrics: Option<MetricsRegistry>,
 }
+
+/// A Prometheus registry shared between the swarm and a metrics endpoint.
+pub type MetricsRegistry = std::sync::Arc<std::sync::Mutex<libp2p::metrics::Registry>>;
 
 impl P2pConfig {
     /// Defaults for a run of `nodes` peers exchanging `payload_floats` floats:
@@ -110,6 +116,7 @@ impl P2pConfig {
             chunk_floats,
             max_offences: 16,
             worker_threads: workers,
+            metrics: None,
         }
     }
 

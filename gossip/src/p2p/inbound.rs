@@ -140,6 +140,7 @@ async fn serve_one(
         }
     }
     shared.counters.received(wire_bytes);
+    shared.observed.received(&peer, wire_bytes);
     Ok(())
 }
 

@@ -134,6 +134,7 @@ async fn send_one(
         match write_frame(s, &msg.header, &msg.payload[..], &mut progress).await {
             Ok(()) => {
                 shared.counters.sent(bytes);
+                shared.observed.sent(&peer, bytes);
                 return;
             }
             Err(e) => {

@@ -38,6 +38,7 @@ mod identity;
 mod inbound;
 mod links;
 mod membership;
+mod observe;
 mod payload;
 mod state;
 pub mod wire;
@@ -50,7 +51,8 @@ use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
 
-pub use config::{P2pConfig, RunIdentity};
+pub use config::{MetricsRegistry, P2pConfig, RunIdentity};
+pub use observe::{P2pObserver, PeerTraffic, reason_name};
 
 use crate::ledger::{Ledger, Mixing, Waiting};
 use allreduce::Ring;
@@ -134,7 +136,7 @@ impl P2pComm {
             shared.stopping.clone(),
         ));
         let bound = rt.block_on(async {
-            let mut swarm = behaviour::build_swarm(keypair, &cfg)?;
+            let (mut swarm, metrics) = behaviour::build_swarm(keypair, &cfg)?;
             for addr in listen_addrs {
                 swarm.listen_on(addr.clone()).map_err(|e| {
                     CommError::Other(format!(
@@ -152,6 +154,7 @@ impl P2pComm {
                 events_tx,
                 listen.clone(),
                 bootstrap,
+                metrics,
             ));
             // Hellos carry our addresses: wait until the listeners are up.
             let until = Instant::now() + Duration::from_secs(5);
@@ -182,6 +185,14 @@ impl P2pComm {
     /// Our peer id (base58).
     pub fn local_peer_id(&self) -> String {
         self.shared.local.to_string()
+    }
+
+    /// A handle on this node's counters for another thread (a metrics
+    /// endpoint); see [`P2pObserver`].
+    pub fn observer(&self) -> P2pObserver {
+        P2pObserver {
+            shared: self.shared.clone(),
+        }
     }
 
     /// Peer ids of the current view in rank order.
@@ -316,7 +327,7 @@ impl P2pComm {
             check: &check,
         };
         let pool = &self.shared.pool;
-        self.push.collect(
+        let result = self.push.collect(
             &self.shared.push_inbox,
             &waiting,
             wait_up_to,
@@ -324,7 +335,13 @@ impl P2pComm {
             w,
             op,
             &mut |share| pool.give(share.0),
-        )
+        );
+        if let Err(CommError::PeerTimeout { rank, .. }) = &result
+            && let Some(peer) = self.view.members.get(*rank)
+        {
+            self.shared.observed.timed_out(peer);
+        }
+        result
     }
 
     fn check_ranks(&self, round: u64, what: &str, ranks: &[Rank]) -> Result<(), CommError> {
@@ -511,6 +528,7 @@ pub(crate) fn block_on_active<F: std::future::Future>(
                 Ok(out) => return Ok(out),
                 Err(_) => {
                     if shared.activity.deadline(peer, started, limit) <= std::time::Instant::now() {
+                        shared.observed.timed_out(peer);
                         return Err(Stopped::Silent);
                     }
                 }

@@ -110,6 +110,8 @@ pub(crate) struct Shared {
     pub cfg: P2pConfig,
     pub local: PeerId,
     pub counters: Counters,
+    /// Per-peer and per-reason counts for the metrics endpoint.
+    pub observed: super::observe::Observed,
     pub activity: Activity,
     /// The current view, `None` until the join completes.
     pub view: watch::Receiver<Option<Arc<View>>>,
@@ -153,6 +155,7 @@ impl Shared {
             cfg,
             local,
             counters: Counters::default(),
+            observed: Default::default(),
             activity: Activity::default(),
             view,
             push_inbox,
@@ -185,6 +188,7 @@ impl Shared {
     /// disconnects a peer that keeps offending.
     pub fn reject(&self, peer: &PeerId, protocol: &str, reason: &Reject) {
         self.counters.dropped();
+        self.observed.dropped(peer, reason);
         tracing::warn!(%peer, protocol, %reason, "dropped a message from peer {peer}: {reason}");
         let offences = {
             let mut map = lock(&self.offences);

@@ -1,0 +1,237 @@
+//! A local testnet with `--metrics-base-port`: every node's Prometheus
+//! endpoint answers scrapes while the run goes on, with real values (steps,
+//! per-peer traffic, the view, libp2p's connection metrics); at the end the
+//! testnet writes its HTML report and prints the path.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod local_support;
+use local_support::slowmo_bin;
+
+/// A base port with `n` free ports from it.
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..50 {
+        let base = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if base < u16::MAX - n && (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok())
+        {
+            return base;
+        }
+    }
+    panic!("no {n} free ports in a row");
+}
+
+/// The body of `GET /metrics`, or `None` while nothing listens.
+fn scrape(port: u16) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    Some(body.to_string())
+}
+
+/// The value of an unlabelled sample, or the sum over a family's samples
+/// whose labels contain `labels`.
+fn value(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let samples: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (key, v) = l.rsplit_once(' ')?;
+            let (metric, rest) = key.split_once('{').unwrap_or((key, ""));
+            (metric == name && rest.contains(labels)).then(|| v.parse().ok())?
+        })
+        .collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
+}
+
+#[test]
+fn every_node_serves_live_metrics_and_the_run_writes_its_report() {
+    let out = tempfile::tempdir().unwrap();
+    let base = free_ports(2);
+    let mut testnet = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["local", "--nodes", "2", "--quiet", "--base", "sgp"])
+        .args(["--steps", "6000", "--eval-every", "2000", "--tau", "100"])
+        .args(["--hidden", "8", "--batch-size", "8"])
+        .args(["--metrics-base-port", &base.to_string()])
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .arg("--out")
+        .arg(out.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // Scrape both nodes until each has trained and exchanged something.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen = [None, None];
+    while seen.iter().any(Option::is_none) && Instant::now() < deadline {
+        if testnet.try_wait().unwrap().is_some() {
+            break;
+        }
+        for (i, slot) in seen.iter_mut().enumerate() {
+            if slot.is_some() {
+                continue;
+            }
+            if let Some(text) = scrape(base + i as u16) {
+                let step = value(&text, "slowmo_step", "").unwrap_or(0.0);
+                let sent = value(&text, "slowmo_peer_bytes_total", "direction=\"sent\"");
+                if step >= 50.0 && sent.is_some_and(|b| b > 0.0) {
+                    *slot = Some(text);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = testnet.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    for (i, text) in seen.iter().enumerate() {
+        let text = text
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {i}: no scrape showed training and traffic"));
+        let v = |name: &str, labels: &str| {
+            value(text, name, labels).unwrap_or_else(|| panic!("node {i}: no {name} in\n{text}"))
+        };
+        assert!(v("slowmo_step", "") <= 6000.0);
+        assert!(v("slowmo_loss", "").is_finite());
+        assert!((v("slowmo_lr", "") - 0.01).abs() < 1e-9);
+        assert!(v("slowmo_gossip_rounds", "") >= 50.0);
+        assert!(v("slowmo_push_sum_weight", "") > 0.0);
+        assert_eq!(v("slowmo_view_size", ""), 2.0);
+        assert!(v("slowmo_step_seconds_count", "") >= 49.0);
+        assert!(v("slowmo_bytes_sent_total", "") > 0.0);
+        assert!(v("slowmo_peer_messages_total", "direction=\"received\"") > 0.0);
+        // one peer, named by its id
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("slowmo_peer_bytes_total{") && l.contains("\"sent\""))
+                .count(),
+            1,
+            "{text}"
+        );
+        // libp2p's own metrics: the connection to the other node
+        assert!(
+            v("libp2p_swarm_connections_established_total", "") >= 1.0,
+            "{text}"
+        );
+        assert!(text.contains("libp2p_bandwidth_bytes_total"), "{text}");
+    }
+
+    // the report, written at the end
+    let page = out.path().join("report.html");
+    assert!(
+        stdout.contains(&format!("report: {}", page.display())),
+        "{stdout}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    for id in ["loss-step", "loss-time", "bandwidth", "step-time"] {
+        assert!(html.contains(&format!("<figure id=\"plot-{id}\">")), "{id}");
+    }
+    assert!(html.contains("node-1") && html.contains("local testnet"));
+}
+
+#[test]
+fn a_metrics_port_range_past_65535_is_refused_before_anything_starts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["local", "--nodes", "3", "--metrics-base-port", "65534"])
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--metrics-base-port 65534"), "{err}");
+}
+
+#[test]
+fn the_compose_file_publishes_each_endpoint_and_a_scrape_config_lists_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, prom) = (dir.path().join("c.yml"), dir.path().join("prom.yml"));
+    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["compose", "--nodes", "3", "--metrics-port", "19500"])
+        .arg("--prometheus-config")
+        .arg(&prom)
+        .arg("-o")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = std::fs::read_to_string(&file).unwrap();
+    for i in 0..3 {
+        assert!(
+            yaml.contains(&format!("ports: [\"127.0.0.1:{}:9100\"]", 19500 + i)),
+            "{yaml}"
+        );
+    }
+    assert_eq!(
+        yaml.matches("\"--metrics-addr\", \"0.0.0.0:9100\"").count(),
+        3
+    );
+    // the metrics network is the one that is not internal
+    let networks = yaml.split("\nnetworks:").nth(1).unwrap();
+    let metrics = networks.split("\n  metrics:").nth(1).unwrap();
+    assert!(!metrics.contains("internal"), "{networks}");
+    let prom = std::fs::read_to_string(&prom).unwrap();
+    assert_eq!(prom.matches("targets: [\"127.0.0.1:").count(), 3, "{prom}");
+    assert!(prom.contains("127.0.0.1:19502") && prom.contains("node: \"node2\""));
+
+    // without the flags nothing is published
+    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["compose", "--nodes", "2"])
+        .output()
+        .unwrap();
+    let plain = String::from_utf8_lossy(&out.stdout);
+    assert!(!plain.contains("ports:") && !plain.contains("--metrics-addr"));
+}
+
+#[test]
+fn the_testnet_benchmark_prints_only_its_table_on_stdout() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["bench", "--nodes", "2", "--steps", "5"])
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .arg("--out")
+        .arg(out_dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    // a title, the column names, one row per configuration
+    assert_eq!(lines.len(), 7, "{stdout}");
+    assert!(lines[1].starts_with("run "), "{stdout}");
+    for (line, label) in lines[2..].iter().zip([
+        "no communication",
+        "sgp",
+        "osgp",
+        "osgp background",
+        "slowmo-sgp",
+    ]) {
+        assert!(line.starts_with(label), "{line}");
+    }
+}
