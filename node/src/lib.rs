@@ -9,6 +9,7 @@ pub mod exchange;
 pub mod metrics;
 pub mod model;
 pub mod node_cmd;
+pub mod run_cmd;
 pub mod simulate;
 pub mod sweep;
 pub mod topology_cmd;

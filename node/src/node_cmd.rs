@@ -69,6 +69,8 @@ pub struct NodeArgs {
     pub save_params: Option<PathBuf>,
     #[command(flatten)]
     pub checkpoints: CheckpointArgs,
+    #[command(flatten)]
+    pub admission: crate::run_cmd::AdmissionArgs,
 }
 
 /// Parses `--device`; CUDA needs a build with the `cuda` feature.
@@ -164,6 +166,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         options.workers = Some(n);
     }
     let config = options.resolve()?;
+    let admission = args.admission.policy()?;
     let device = parse_device(&args.device)?;
     let dataset = load_dataset(&config)?;
     let model = build_model(&config, &dataset, &device)?;
@@ -180,6 +183,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     p2p.mdns = args.mdns;
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
     p2p.peer_timeout = Duration::from_secs(args.peer_timeout);
+    p2p.admission = admission;
+    p2p.settings = crate::run_cmd::config_settings(&config);
 
     let stop = Arc::new(AtomicBool::new(false));
     {

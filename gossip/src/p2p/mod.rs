@@ -28,11 +28,13 @@
 //! # Ok::<(), slowmo_gossip::CommError>(())
 //! ```
 
+mod admission;
 mod allreduce;
 mod behaviour;
 mod config;
 #[doc(hidden)]
 pub mod fuzz;
+mod fuzz_knock;
 mod gather;
 mod identity;
 mod inbound;
@@ -50,6 +52,10 @@ use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
 
+pub use admission::{
+    Admission, Invitation, RunKey, parse_public_key, peer_id_of_identity, public_key_text,
+    read_allowlist,
+};
 pub use config::{P2pConfig, RunIdentity};
 
 use crate::ledger::{Ledger, Mixing, Waiting};
@@ -105,6 +111,9 @@ impl P2pComm {
         let bootstrap = parse_addrs("bootstrap", &cfg.bootstrap)?;
         let keypair = identity::load_or_create(cfg.identity_file.as_deref())?;
         let local = keypair.public().to_peer_id();
+        cfg.admission
+            .check_self(&cfg.run.run_id, &local)
+            .map_err(|e| CommError::Other(format!("admission ({}): {e}", cfg.admission.name())))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.worker_threads.max(1))
             .thread_name("slowmo-p2p")
