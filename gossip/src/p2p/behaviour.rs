@@ -274,7 +274,18 @@ pub(crate) async fn run_swarm(
                 let mut by_peer: HashMap<PeerId, Vec<Multiaddr>> = HashMap::new();
                 for addr in &bootstrap {
                     match peer_in(addr) {
-                        Some(p) if p == local || swarm.is_connected(&p) => {}
+                        // Our own peer id at an address that is not ours:
+                        // dial it plainly, so that both processes learn
+                        // that they share one identity.
+                        Some(p) if p == local => {
+                            let plain = strip_peer(addr);
+                            if !lock(&listen_addrs).contains(&plain)
+                                && let Err(e) = swarm.dial(plain)
+                            {
+                                tracing::debug!(%addr, "bootstrap dial failed: {e}");
+                            }
+                        }
+                        Some(p) if swarm.is_connected(&p) => {}
                         Some(p) => by_peer.entry(p).or_default().push(addr.clone()),
                         None => {
                             let plain = strip_peer(addr);
