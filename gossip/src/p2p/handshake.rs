@@ -179,6 +179,16 @@ impl Membership {
         let _ = self.swarm.send(SwarmCmd::Disconnect(peer));
     }
 
+    /// Drops the connection to a peer we refused after its own next knock
+    /// had time to hear why (dropping at once would race it).
+    pub(super) fn drop_later(&self, peer: PeerId) {
+        let swarm = self.swarm.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let _ = swarm.send(SwarmCmd::Disconnect(peer));
+        });
+    }
+
     /// One exchange with `peer`, started by us: knock, check its proof,
     /// then hellos.
     pub(super) async fn greet(self: Arc<Self>, mut control: libp2p_stream::Control, peer: PeerId) {
@@ -219,11 +229,11 @@ impl Membership {
                     tracing::warn!(%peer, "welcome from peer {peer} claims to be {}", hello.peer);
                 } else if self.duplicated(peer, hello.instance) {
                     self.refuse_duplicate(peer);
-                    let _ = self.swarm.send(SwarmCmd::Disconnect(peer));
+                    self.drop_later(peer);
                 } else if let Some((r, text)) = self.compare(&hello) {
                     let text = format!("peer {peer} refused: {text}");
                     self.record_refusal(peer, &r.field, text, false);
-                    let _ = self.swarm.send(SwarmCmd::Disconnect(peer));
+                    self.drop_later(peer);
                 } else {
                     self.learn(peer, &hello);
                 }
@@ -260,7 +270,7 @@ impl Membership {
                     self.admission.name()
                 );
                 self.record_refusal(peer, "admission", text, false);
-                let _ = self.swarm.send(SwarmCmd::Disconnect(peer));
+                self.drop_later(peer);
             }
             Ok(Err(e)) => tracing::debug!(%peer, "hello exchange with {peer} failed: {e}"),
             Err(_) => tracing::debug!(%peer, "hello exchange with {peer} timed out"),
