@@ -356,3 +356,97 @@ fn settings_differing(
         .cloned()
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Mutex};
+
+    use libp2p::identity::Keypair;
+    use tokio::sync::{mpsc, watch};
+
+    use super::super::super::config::{P2pConfig, RunIdentity};
+    use super::super::super::state::lock;
+    use super::*;
+
+    fn node(settings: &[(&str, &str)]) -> Membership {
+        let run = RunIdentity {
+            run_id: "secret-run".into(),
+            config_hash: "c0ffee11".into(),
+            init_hash: "beef22".into(),
+        };
+        let mut cfg = P2pConfig::new(run, 2, 4);
+        cfg.settings = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let local = Keypair::generate_ed25519().public().to_peer_id();
+        Membership::new(
+            local,
+            &cfg,
+            Arc::new(Mutex::new(Vec::new())),
+            Vec::new(),
+            mpsc::unbounded_channel().0,
+            watch::channel(None).0,
+            Arc::new(AtomicBool::new(false)),
+        )
+    }
+
+    fn cbor<T: serde::Serialize>(msg: &T) -> Vec<u8> {
+        cbor4ii::serde::to_vec(Vec::new(), msg).unwrap()
+    }
+
+    fn holds(bytes: &[u8], text: &str) -> bool {
+        bytes.windows(text.len()).any(|w| w == text.as_bytes())
+    }
+
+    #[test]
+    fn refusals_on_the_wire_carry_no_run_id_hash_or_value() {
+        let ours = node(&[("lr", "0.0123"), ("steps", "600")]);
+        let mut theirs = ours.hello_locked(&lock(&ours.state));
+        theirs.identity.config_hash = "f00d33".into();
+        theirs.settings.insert("lr".into(), "0.0456".into());
+        let (refusal, log) = ours.compare(&theirs).expect("the config differs");
+        let wire = cbor(&Reply::Refused(refusal));
+        for secret in [
+            "secret-run",
+            "c0ffee11",
+            "f00d33",
+            "beef22",
+            "0.0123",
+            "0.0456",
+        ] {
+            assert!(!holds(&wire, secret), "the refusal carries {secret}");
+        }
+        assert!(holds(&wire, "config hash") && holds(&wire, "lr"));
+        assert!(!holds(&wire, "steps"));
+        // The refuser's own log has the values.
+        assert!(log.contains("0.0123") && log.contains("0.0456"), "{log}");
+        // A closed door says nothing at all.
+        let closed = cbor(&Door::Closed);
+        assert!(closed.len() < 16, "{closed:?}");
+        for secret in ["secret-run", "c0ffee11", "beef22"] {
+            assert!(!holds(&closed, secret));
+        }
+        // Another init hash: named, its value not sent.
+        let mut theirs = ours.hello_locked(&lock(&ours.state));
+        theirs.identity.init_hash = "0ther".into();
+        let (refusal, _) = ours.compare(&theirs).unwrap();
+        assert_eq!(refusal.field, "init hash");
+        assert!(!holds(&cbor(&refusal), "beef22"));
+    }
+
+    #[test]
+    fn a_peer_id_whose_instances_alternate_is_two_processes() {
+        let m = node(&[]);
+        let peer = Keypair::generate_ed25519().public().to_peer_id();
+        // A restart (a new instance) is no duplicate...
+        assert!(!m.duplicated(peer, 1));
+        assert!(!m.duplicated(peer, 1));
+        assert!(!m.duplicated(peer, 2));
+        assert!(!m.duplicated(peer, 2));
+        // ...an old instance coming back is.
+        assert!(m.duplicated(peer, 1));
+        assert!(m.duplicated(peer, 3));
+    }
+}
