@@ -57,6 +57,7 @@ pub(crate) enum Door {
 /// The admission policy of a run. Every node of a run uses the same one
 /// (peers compare a digest of it once admitted).
 #[derive(Debug, Clone, Default)]
+#[allow(clippy::large_enum_variant)] // one per node, read at start-up
 pub enum Admission {
     /// Anyone who knows the run id (today's behaviour; a private testnet).
     #[default]
@@ -115,7 +116,7 @@ fn hex(bytes: &[u8]) -> String {
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
     let s = s.trim();
-    if s.len() % 2 != 0 || !s.is_ascii() {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
         return None;
     }
     (0..s.len())

@@ -195,7 +195,7 @@ impl Membership {
         enum Outcome {
             Closed,
             NotAdmitted(String),
-            Reply(Reply),
+            Reply(Box<Reply>),
         }
         let result = tokio::time::timeout(EXCHANGE_TIMEOUT, async {
             let mut stream = control
@@ -219,44 +219,15 @@ impl Membership {
             write_msg(&mut stream, &hello).await?;
             let reply: Reply = read_msg(&mut stream).await?;
             let _ = stream.close().await;
-            Ok::<Outcome, std::io::Error>(Outcome::Reply(reply))
+            Ok::<Outcome, std::io::Error>(Outcome::Reply(Box::new(reply)))
         })
         .await;
         lock(&self.state).in_flight.remove(&peer);
         match result {
-            Ok(Ok(Outcome::Reply(Reply::Welcome(hello)))) => {
-                if hello.peer != peer.to_string() {
-                    tracing::warn!(%peer, "welcome from peer {peer} claims to be {}", hello.peer);
-                } else if self.duplicated(peer, hello.instance) {
-                    self.refuse_duplicate(peer);
-                    self.drop_later(peer);
-                } else if let Some((r, text)) = self.compare(&hello) {
-                    let text = format!("peer {peer} refused: {text}");
-                    self.record_refusal(peer, &r.field, text, false);
-                    self.drop_later(peer);
-                } else {
-                    self.learn(peer, &hello);
-                }
-            }
-            Ok(Ok(Outcome::Reply(Reply::Refused(r)))) => {
-                let text = if r.field == DUPLICATE {
-                    format!(
-                        "peer {peer} saw two processes with our peer id {}: another process \
-                         uses this node's identity{}",
-                        self.local,
-                        self.identity_file_note()
-                    )
-                } else if r.settings.is_empty() {
-                    format!("peer {peer} refused us: {} differs", r.field)
-                } else {
-                    format!(
-                        "peer {peer} refused us: {} differs in the settings {}",
-                        r.field,
-                        r.settings.join(", ")
-                    )
-                };
-                self.record_refusal(peer, &r.field, text, true);
-            }
+            Ok(Ok(Outcome::Reply(reply))) => match *reply {
+                Reply::Welcome(hello) => self.on_welcome(peer, &hello),
+                Reply::Refused(r) => self.on_refused(peer, &r),
+            },
             Ok(Ok(Outcome::Closed)) => {
                 let text = format!(
                     "peer {peer} did not admit us (its log says why: not on its allowlist, \
@@ -275,6 +246,43 @@ impl Membership {
             Ok(Err(e)) => tracing::debug!(%peer, "hello exchange with {peer} failed: {e}"),
             Err(_) => tracing::debug!(%peer, "hello exchange with {peer} timed out"),
         }
+    }
+
+    /// Their welcome, checked like a hello they sent.
+    fn on_welcome(&self, peer: PeerId, hello: &Hello) {
+        if hello.peer != peer.to_string() {
+            tracing::warn!(%peer, "welcome from peer {peer} claims to be {}", hello.peer);
+        } else if self.duplicated(peer, hello.instance) {
+            self.refuse_duplicate(peer);
+            self.drop_later(peer);
+        } else if let Some((r, text)) = self.compare(hello) {
+            let text = format!("peer {peer} refused: {text}");
+            self.record_refusal(peer, &r.field, text, false);
+            self.drop_later(peer);
+        } else {
+            self.learn(peer, hello);
+        }
+    }
+
+    /// Their refusal of our hello, in our log (and our error if fatal).
+    fn on_refused(&self, peer: PeerId, r: &Refusal) {
+        let text = if r.field == DUPLICATE {
+            format!(
+                "peer {peer} saw two processes with our peer id {}: another process \
+                 uses this node's identity{}",
+                self.local,
+                self.identity_file_note()
+            )
+        } else if r.settings.is_empty() {
+            format!("peer {peer} refused us: {} differs", r.field)
+        } else {
+            format!(
+                "peer {peer} refused us: {} differs in the settings {}",
+                r.field,
+                r.settings.join(", ")
+            )
+        };
+        self.record_refusal(peer, &r.field, text, true);
     }
 
     pub(super) fn identity_file_note(&self) -> String {

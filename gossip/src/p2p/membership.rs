@@ -108,6 +108,7 @@ struct Refused {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[allow(clippy::large_enum_variant)] // one per exchange
 pub(crate) enum Reply {
     Welcome(Hello),
     Refused(Refusal),
