@@ -16,7 +16,8 @@ pub use collectives::ReduceOp;
 
 use std::time::Duration;
 
-/// A worker's index in the current membership view (sorted peer ids).
+/// A worker's index in the current membership view (over libp2p: the
+/// admission policy's place order, sorted peer ids when open).
 pub type Rank = usize;
 
 /// Errors of a communication operation.

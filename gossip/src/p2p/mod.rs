@@ -96,7 +96,8 @@ pub struct P2pComm {
 impl P2pComm {
     /// Starts the node and joins the run: [`P2pComm::bind`] then
     /// [`PendingJoin::join`]. Returns once `cfg.nodes` verified peers agree
-    /// on the member list; ranks are the positions in the sorted peer ids.
+    /// on the member list; ranks are the positions in the agreed list
+    /// (the admission policy's place order: sorted peer ids when open).
     pub fn start(cfg: P2pConfig) -> Result<Self, CommError> {
         Self::bind(cfg)?.join()
     }
