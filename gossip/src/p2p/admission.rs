@@ -407,6 +407,16 @@ impl Admission {
         }
     }
 
+    /// Whether `peer` could be admitted at all, known from its peer id
+    /// alone: we knock only on those, so that a peer off the allowlist never
+    /// sees even our proof.
+    pub(crate) fn may_admit(&self, peer: &PeerId) -> bool {
+        match self {
+            Admission::Allow(list) => list.contains(peer),
+            Admission::Open | Admission::Invited { .. } => true,
+        }
+    }
+
     /// Whether `peer` (authenticated by the connection) is admitted with
     /// `proof`; the error is for our own log only.
     pub(crate) fn admits(&self, run_id: &str, peer: &PeerId, proof: &Proof) -> Result<(), String> {
@@ -536,6 +546,8 @@ mod tests {
         let policy = Admission::Allow(list);
         assert!(policy.place("r", &peer(3)) < policy.place("r", &peer(1)));
         assert!(policy.place("r", &peer(1)) < policy.place("r", &peer(2)));
+        // We do not even knock on a peer off the list.
+        assert!(policy.may_admit(&peer(1)) && !policy.may_admit(&peer(9)));
         let proof = policy.proof("r", &peer(9));
         assert_eq!(
             policy.admits("r", &peer(9), &proof).unwrap_err(),

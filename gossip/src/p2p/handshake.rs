@@ -198,6 +198,9 @@ impl Membership {
             Reply(Box<Reply>),
         }
         let result = tokio::time::timeout(EXCHANGE_TIMEOUT, async {
+            if !self.admission.may_admit(&peer) {
+                return Ok(Outcome::NotAdmitted("not on the allowlist".into()));
+            }
             let mut stream = control
                 .open_stream(peer, StreamProtocol::new(MEMBERSHIP_PROTOCOL))
                 .await
