@@ -16,7 +16,8 @@ pub use collectives::ReduceOp;
 
 use std::time::Duration;
 
-/// A worker's index in the current membership view (sorted peer ids).
+/// A worker's index in the current membership view (over libp2p: the
+/// admission policy's place order, sorted peer ids when open).
 pub type Rank = usize;
 
 /// Errors of a communication operation.
@@ -57,15 +58,20 @@ pub enum CommError {
     /// joiners wait): this operation cannot complete in the current view.
     #[error("the view is changing: {0}")]
     ViewChanging(String),
-    /// Joining failed: our run identity differs from a peer of the run
-    /// (a bootstrap peer) in `field`; `ours` is this node's value.
-    #[error("refused by the run at peer {peer}: {field} differs: ours {ours} theirs {theirs}")]
+    /// Joining failed: a peer of the run (a bootstrap peer) refused us, or
+    /// we refused it. `field` is what differs (`admission` when the peer
+    /// did not admit us: its reason stays in its own log); `reason` says
+    /// what this node knows of it, never the other side's values.
+    #[error("refused by the run at peer {peer}: {reason}")]
     Refused {
         peer: String,
         field: String,
-        ours: String,
-        theirs: String,
+        reason: String,
     },
+    /// Another process uses this node's identity (peer id): every node
+    /// needs its own identity file.
+    #[error("duplicated identity: {0}")]
+    DuplicateIdentity(String),
     /// The run's members did not all turn up (or agree) in time.
     #[error(
         "join timed out after {timeout:?}: {} of {nodes} peers present ({}), {missing} missing{}",

@@ -104,6 +104,43 @@ fn membership_replies_never_panic() {
     exercise_all_seeds("reply");
 }
 
+#[test]
+fn admission_knocks_never_panic() {
+    exercise_all_seeds("knock");
+}
+
+#[test]
+fn admission_doors_never_panic() {
+    exercise_all_seeds("door");
+}
+
+#[test]
+fn knocks_from_the_outsider_are_refused_under_allowlist_and_invitations() {
+    // Valid knocks of members, re-addressed as coming from the outsider
+    // (peer byte 4): refused unless the run is open (policy byte 0).
+    let mut rng = Rng::new(9);
+    let mut checked = [0usize; 3];
+    while checked.iter().any(|n| *n < 20) {
+        let case = fuzz::generate("knock", &mut rng);
+        if case.valid.is_none() {
+            continue;
+        }
+        let mut bytes = case.bytes.clone();
+        bytes[0] = 4;
+        let policy = bytes[1] as usize % 3;
+        checked[policy] += 1;
+        let out = fuzz::run("knock", &bytes);
+        if policy == 0 {
+            // The open policy admits on knowledge of the run id: a member's
+            // proof is bound to the member's peer id, so it still fails.
+            assert!(out.error.is_some(), "{out:?}");
+        } else {
+            let e = out.error.expect("an outsider was admitted");
+            assert!(e.contains("allowlist") || e.contains("invitation"), "{e}");
+        }
+    }
+}
+
 fn share_header(len: u64) -> Header {
     Header {
         version: WIRE_VERSION,

@@ -13,6 +13,7 @@ pub mod node_outputs;
 pub mod observe;
 pub mod outputs;
 pub mod report;
+pub mod run_cmd;
 pub mod simulate;
 pub mod stopping;
 pub mod sweep;

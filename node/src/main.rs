@@ -14,6 +14,8 @@ enum Command {
     Simulate(Box<slowmo_node::simulate::SimulateArgs>),
     /// Run one real peer of a run over libp2p.
     Node(Box<slowmo_node::node_cmd::NodeArgs>),
+    /// Admission to a run: run keys, invitations, peer ids.
+    Run(slowmo_node::run_cmd::RunArgs),
     /// Analyse and compare communication graphs, and sweep training over them.
     Topology(slowmo_node::topology_cmd::TopologyArgs),
     /// Measure the simulator's overhead, transport throughput and all-reduce.
@@ -40,7 +42,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match &cli.command {
         Command::Simulate(_) => set_compute_threads(1),
-        Command::Topology(_) | Command::Bench(_) | Command::Report(_) => set_compute_threads(1),
+        Command::Topology(_) | Command::Bench(_) | Command::Report(_) | Command::Run(_) => {
+            set_compute_threads(1)
+        }
         Command::Node(args) => {
             if let Some(n) = args.threads {
                 set_compute_threads(n.max(1));
@@ -63,6 +67,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Simulate(args) => slowmo_node::simulate::run(*args),
         Command::Node(args) => slowmo_node::node_cmd::run(*args),
+        Command::Run(args) => slowmo_node::run_cmd::run(args),
         Command::Topology(args) => slowmo_node::topology_cmd::run(args),
         Command::Bench(args) => slowmo_node::bench_cmd::run(args),
         Command::Report(args) => slowmo_node::report::run(args),

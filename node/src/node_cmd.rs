@@ -73,6 +73,8 @@ pub struct NodeArgs {
     pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub checkpoints: CheckpointArgs,
+    #[command(flatten)]
+    pub admission: crate::run_cmd::AdmissionArgs,
 }
 
 /// Parses `--device`; CUDA needs a build with the `cuda` feature.
@@ -169,6 +171,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         options.workers = Some(n);
     }
     let config = options.resolve()?;
+    let admission = args.admission.policy()?;
     let device = parse_device(&args.device)?;
     // Every output is checked before the node loads anything or joins anyone.
     let mut outputs = NodeOutputs::open(NodePaths {
@@ -199,6 +202,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         .map(crate::observe::Endpoint::start)
         .transpose()?;
     p2p.metrics = endpoint.as_ref().map(|e| e.registry());
+    p2p.admission = admission;
+    p2p.settings = crate::run_cmd::config_settings(&config);
 
     let joining_summary = match outputs.summary_path() {
         Some(path) => {

@@ -23,7 +23,7 @@ use libp2p::metrics::{Metrics, Recorder};
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{DialError, NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::{DialError, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{
     Multiaddr, PeerId, Swarm, identify, identity::Keypair, mdns, noise, ping, quic, tcp, yamux,
 };
@@ -68,6 +68,9 @@ pub(crate) enum NetEvent {
     },
     /// The last connection to a peer closed.
     Disconnected { peer: PeerId },
+    /// A connection authenticated as our own peer id: another process
+    /// holds our key (`outbound`: we dialed `address`).
+    SameIdentity { address: Multiaddr, outbound: bool },
 }
 
 /// `addr` without a trailing `/p2p/<id>`.
@@ -304,11 +307,23 @@ pub(crate) async fn run_swarm(
                 let mut by_peer: HashMap<PeerId, Vec<Multiaddr>> = HashMap::new();
                 for addr in &bootstrap {
                     match peer_in(addr) {
-                        Some(p) if p == local || swarm.is_connected(&p) => {}
+                        // Our own peer id at an address that is not ours:
+                        // dial it plainly, so that both processes learn
+                        // that they share one identity.
+                        Some(p) if p == local => {
+                            let plain = strip_peer(addr);
+                            if !lock(&listen_addrs).contains(&plain)
+                                && let Err(e) = swarm.dial(plain)
+                            {
+                                tracing::debug!(%addr, "bootstrap dial failed: {e}");
+                            }
+                        }
+                        Some(p) if swarm.is_connected(&p) => {}
                         Some(p) => by_peer.entry(p).or_default().push(addr.clone()),
                         None => {
                             let plain = strip_peer(addr);
-                            let reached = dialed.values().any(|a| strip_peer(a) == plain);
+                            let reached = dialed.values().any(|a| strip_peer(a) == plain)
+                                || lock(&listen_addrs).contains(&plain);
                             if !reached && let Err(e) = swarm.dial(addr.clone()) {
                                 tracing::debug!(%addr, "bootstrap dial failed: {e}");
                             }
@@ -356,8 +371,22 @@ pub(crate) async fn run_swarm(
                         let _ = events.send(NetEvent::Disconnected { peer: peer_id });
                     }
                 }
+                SwarmEvent::OutgoingConnectionError { error: DialError::LocalPeerId { address }, .. } => {
+                    if lock(&listen_addrs).contains(&strip_peer(&address)) {
+                        tracing::debug!(%address, "dialed our own listen address");
+                    } else {
+                        let _ = events.send(NetEvent::SameIdentity { address, outbound: true });
+                    }
+                }
                 SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                     log_dial_error(peer_id, &error, &mut dial_errors);
+                }
+                SwarmEvent::IncomingConnectionError { error: ListenError::LocalPeerId { address }, send_back_addr, .. } => {
+                    tracing::debug!(%address, %send_back_addr, "an inbound connection carries our own peer id");
+                    // (From one of our own sockets: we dialed ourselves.)
+                    if !lock(&listen_addrs).contains(&send_back_addr) {
+                        let _ = events.send(NetEvent::SameIdentity { address: send_back_addr, outbound: false });
+                    }
                 }
                 SwarmEvent::ListenerClosed { addresses, reason: Err(e), .. } => {
                     for address in &addresses {

@@ -1,10 +1,13 @@
 //! What a node needs to know to join a run: who it is, where it listens,
 //! whom it asks first, and what every member of the run must share.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use super::admission::Admission;
 
 /// What every member of one run shares. A peer whose identity differs in any
 /// field is refused at join, with the field named on both sides.
@@ -82,6 +85,12 @@ pub struct P2pConfig {
     /// Where libp2p's own metrics go (connections, protocols, bandwidth,
     /// identify and ping), for a Prometheus endpoint; `None`: not recorded.
     pub metrics: Option<MetricsRegistry>,
+    /// Who may join the run ([`Admission::Open`] by default).
+    pub admission: Admission,
+    /// The settings behind `run.config_hash`, by name (optional): shown to
+    /// admitted peers so that a config hash that differs is explained by
+    /// the settings that differ.
+    pub settings: BTreeMap<String, String>,
 }
 
 /// A Prometheus registry shared between the swarm and a metrics endpoint.
@@ -117,6 +126,8 @@ impl P2pConfig {
             max_offences: 16,
             worker_threads: workers,
             metrics: None,
+            admission: Admission::Open,
+            settings: BTreeMap::new(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Fuzzing every decoder of peer input: frame headers, push-sum shares,
-//! all-reduce chunks, gather blocks, membership hellos and replies.
+//! all-reduce chunks, gather blocks, membership hellos and replies, and the
+//! admission knock and door before them ([`super::fuzz_knock`]).
 //!
 //! Each target takes arbitrary bytes (what one peer could write on one
 //! stream) and runs them through the code a node runs on them, against a
@@ -40,7 +41,9 @@ use crate::ring::{ChunkHeader, Expected, RingLinks, chunks, ring_all_reduce};
 use crate::{CommError, Rank, segment};
 
 /// The targets, by name.
-pub const TARGETS: &[&str] = &["header", "share", "chunk", "gather", "hello", "reply"];
+pub const TARGETS: &[&str] = &[
+    "header", "share", "chunk", "gather", "hello", "reply", "knock", "door",
+];
 
 /// Members of the fuzzed run; we are rank [`OUR_RANK`], our left neighbour
 /// rank 0.
@@ -129,6 +132,8 @@ pub fn run(name: &str, data: &[u8]) -> Outcome {
         "gather" => gather(data),
         "hello" => hello(data),
         "reply" => reply(data),
+        "knock" => knock(data),
+        "door" => door(data),
         _ => panic!("no fuzz target `{name}` (targets: {})", TARGETS.join(", ")),
     }
 }
@@ -410,8 +415,9 @@ pub fn reply(data: &[u8]) -> Outcome {
         },
         Ok(Reply::Refused(r)) => {
             let _text = format!(
-                "peer {peer} refused us: {} differs: ours {} theirs {}",
-                r.field, r.theirs, r.ours
+                "peer {peer} refused us: {} differs in the settings {}",
+                r.field,
+                r.settings.join(", ")
             );
             Outcome {
                 accepted: 1,
@@ -420,6 +426,19 @@ pub fn reply(data: &[u8]) -> Outcome {
         }
         Err(e) => refused(0, 0, e),
     }
+}
+
+/// The first message of a membership exchange, as the answering side reads
+/// and checks it.
+pub fn knock(data: &[u8]) -> Outcome {
+    let (peer, rest) = peer_of(data);
+    super::fuzz_knock::knock(peer, &ctx().peers[..MEMBERS], rest)
+}
+
+/// The answer to a knock, as the knocking side reads and checks it.
+pub fn door(data: &[u8]) -> Outcome {
+    let (peer, rest) = peer_of(data);
+    super::fuzz_knock::door(peer, &ctx().peers[..MEMBERS], rest)
 }
 
 /// A small seeded generator (xorshift64*), the same on every platform.
@@ -500,6 +519,11 @@ pub fn generate(name: &str, rng: &mut Rng) -> Case {
         "gather" => gen_blocks(rng, hostile),
         "hello" => gen_hello(rng, hostile, false),
         "reply" => gen_hello(rng, hostile, true),
+        "knock" | "door" => {
+            let ctx = ctx();
+            let members = &ctx.peers[..MEMBERS];
+            super::fuzz_knock::generate(rng, members, ctx.peers[MEMBERS], hostile, name == "door")
+        }
         _ => panic!("no fuzz target `{name}` (targets: {})", TARGETS.join(", ")),
     };
     let mut valid = (!hostile).then_some(count);
@@ -729,6 +753,14 @@ fn gen_blocks(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
     (frames(rng, l, hostile, list), n)
 }
 
+fn junk_or(rng: &mut Rng, name: &str) -> String {
+    if rng.chance(10) {
+        "\u{0}\u{ffff}".repeat(rng.below(4))
+    } else {
+        name.into()
+    }
+}
+
 fn gen_hello(rng: &mut Rng, hostile: bool, as_reply: bool) -> (Vec<u8>, usize) {
     let ctx = ctx();
     let peer = rng.below(MEMBERS);
@@ -759,6 +791,9 @@ fn gen_hello(rng: &mut Rng, hostile: bool, as_reply: bool) -> (Vec<u8>, usize) {
             number: VIEW,
             members: names,
         }),
+        settings: [("lr".to_string(), "0.01".to_string())].into(),
+        admission: "open".into(),
+        instance: rng.next_u64(),
     };
     if hostile {
         let junk = rng.pick(&[
@@ -793,8 +828,7 @@ fn gen_hello(rng: &mut Rng, hostile: bool, as_reply: bool) -> (Vec<u8>, usize) {
     let wrote = if as_reply && rng.chance(20) {
         let r = Refusal {
             field: "config hash".into(),
-            ours: "a".into(),
-            theirs: "b".into(),
+            settings: vec!["lr".into(), junk_or(rng, "steps")],
         };
         block_on(write_msg(&mut out, &Reply::Refused(r)))
     } else if as_reply {

@@ -48,9 +48,14 @@ fn create(path: &Path) -> Result<Keypair, CommError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).map_err(|e| fail("create its directory", e))?;
     }
-    let tmp = path.with_extension("tmp");
+    // A temporary name of our own, linked into place without replacing a
+    // file another process created meanwhile (then that key is the one).
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = path.with_extension(format!("tmp.{}.{nanos}", std::process::id()));
     let mut options = fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
+    options.write(true).create_new(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -59,7 +64,15 @@ fn create(path: &Path) -> Result<Keypair, CommError> {
     let mut file = options.open(&tmp).map_err(|e| fail("create it", e))?;
     file.write_all(&bytes).map_err(|e| fail("write it", e))?;
     file.sync_all().map_err(|e| fail("sync it", e))?;
-    fs::rename(&tmp, path).map_err(|e| fail("move it into place", e))?;
+    let linked = fs::hard_link(&tmp, path);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return load_or_create(Some(path));
+        }
+        Err(e) => return Err(fail("move it into place", e)),
+    }
     tracing::info!(path = %path.display(), peer = %keypair.public().to_peer_id(), "created a new node identity");
     Ok(keypair)
 }

@@ -2,20 +2,30 @@
 //! one view.
 //!
 //! `/slowmo/membership/1` is a request/response exchange of small CBOR
-//! messages. The dialer of a connection sends a [`Hello`] (wire version,
-//! node count, run identity, its addresses, the members it has verified and
-//! the member list it proposes); the other side compares every field and
-//! answers [`Reply::Welcome`] with its own hello, or [`Reply::Refused`]
-//! naming the first field that differs. Both sides log a refusal with the
-//! field and both values. Member lists travel in every hello, so peers that
-//! only know a bootstrap node find each other; hellos repeat every 250 ms
-//! until the view is settled.
+//! messages. The dialer of a connection first knocks ([`super::admission`]):
+//! both sides prove that the run's admission policy admits them, and an
+//! outsider is turned away with a bare `Closed`. Admitted, the dialer sends
+//! a [`Hello`] (wire version, node count, run identity and settings, its
+//! addresses, the members it has verified and the member list it proposes);
+//! the other side compares every field and answers [`Reply::Welcome`] with
+//! its own hello, or [`Reply::Refused`] naming the field that differs (and
+//! the differing settings), never a value. Both sides log a refusal; the
+//! refuser's log line has both values. Member lists travel in every hello,
+//! so peers that only know a bootstrap node find each other; hellos repeat
+//! every 250 ms until the view is settled.
 //!
 //! Agreement: once `nodes` verified peers (self included) are known, a node
-//! proposes the `nodes` smallest peer ids; the view starts when every member
+//! proposes the first `nodes` of them in the policy's place order (peer ids
+//! when open, the allowlist's order, or a hash of run id and peer id for
+//! invitations); ranks follow that order. The view starts when every member
 //! of that list proposes the same list. A view that some member has already
 //! started is adopted as it is. Views are numbered; a later view may change
 //! the members at a barrier, and no message format depends on the count.
+//!
+//! A duplicated identity (two processes with one key) is named: a
+//! connection that authenticates as our own peer id, or a peer whose hellos
+//! come from two live instances, ends the join with
+//! [`CommError::DuplicateIdentity`] there.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,10 +33,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, StreamExt};
-use libp2p::{Multiaddr, PeerId, Stream, StreamProtocol};
+use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, watch};
 
+use super::admission::{Admission, Proof};
 use super::behaviour::{NetEvent, SwarmCmd, parse_addrs, peer_in, strip_peer};
 use super::config::{P2pConfig, RunIdentity};
 use super::state::{View, lock};
@@ -65,17 +76,39 @@ pub(crate) struct Hello {
     pub members: Vec<MemberInfo>,
     pub proposal: Option<Vec<String>>,
     pub view: Option<ViewInfo>,
+    /// The settings behind the config hash, by name.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+    /// Digest of the admission policy (every node of a run has the same).
+    #[serde(default)]
+    pub admission: String,
+    /// Random per process: two instances behind one peer id are two
+    /// processes sharing one identity.
+    #[serde(default)]
+    pub instance: u64,
 }
 
-/// The first field in which two peers differ, from the refuser's side.
+/// Why an admitted peer was refused: the field that differs and, for the
+/// config hash, the names of the settings that differ. No values: the
+/// refuser's log has them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Refusal {
     pub field: String,
-    pub ours: String,
-    pub theirs: String,
+    pub settings: Vec<String>,
+}
+
+/// Field of the refusal sent to a peer id seen from two processes.
+pub(crate) const DUPLICATE: &str = "duplicated identity";
+
+/// A refusal as this node records it: the field and the log text.
+#[derive(Debug, Clone)]
+struct Refused {
+    field: String,
+    reason: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[allow(clippy::large_enum_variant)] // one per exchange
 pub(crate) enum Reply {
     Welcome(Hello),
     Refused(Refusal),
@@ -88,8 +121,12 @@ struct MemberState {
     verified: BTreeMap<PeerId, Vec<Multiaddr>>,
     proposals: HashMap<PeerId, Vec<String>>,
     started: HashMap<PeerId, ViewInfo>,
-    /// Peers of another run: the first differing field, from our side.
-    refused: HashMap<PeerId, Refusal>,
+    /// Peers refused either way, with what we know of why.
+    refused: HashMap<PeerId, Refused>,
+    /// Process instances seen behind each verified peer id, in order.
+    instances: HashMap<PeerId, Vec<u64>>,
+    /// Peer ids seen from two live processes.
+    duplicates: HashSet<PeerId>,
     refusals: Vec<String>,
     in_flight: HashSet<PeerId>,
     fatal: Option<CommError>,
@@ -100,6 +137,11 @@ struct MemberState {
 pub(crate) struct Membership {
     local: PeerId,
     identity: RunIdentity,
+    settings: BTreeMap<String, String>,
+    admission: Admission,
+    proof: Proof,
+    instance: u64,
+    identity_file: Option<std::path::PathBuf>,
     nodes: usize,
     listen: Arc<Mutex<Vec<Multiaddr>>>,
     bootstrap: Vec<Multiaddr>,
@@ -109,6 +151,9 @@ pub(crate) struct Membership {
     changed: Notify,
     stopping: Arc<AtomicBool>,
 }
+
+#[path = "handshake.rs"]
+mod handshake;
 
 /// Writes one membership message: `u32 LE length`, then its CBOR.
 pub(super) async fn write_msg<T: Serialize, W: AsyncWrite + Unpin>(
@@ -152,6 +197,11 @@ impl Membership {
         Self {
             local,
             identity: cfg.run.clone(),
+            settings: cfg.settings.clone(),
+            admission: cfg.admission.clone(),
+            proof: cfg.admission.proof(&cfg.run.run_id, &local),
+            instance: handshake::random_instance(),
+            identity_file: cfg.identity_file.clone(),
             nodes: cfg.nodes,
             listen,
             bootstrap,
@@ -184,34 +234,10 @@ impl Membership {
                 number: v.number,
                 members: v.names(),
             }),
+            settings: self.settings.clone(),
+            admission: self.admission.digest(),
+            instance: self.instance,
         }
-    }
-
-    /// The first field in which `theirs` differs from us.
-    fn compare(&self, theirs: &Hello) -> Option<Refusal> {
-        let refuse = |field: &str, ours: String, theirs: String| Refusal {
-            field: field.into(),
-            ours,
-            theirs,
-        };
-        if theirs.version != WIRE_VERSION {
-            return Some(refuse(
-                "protocol version",
-                WIRE_VERSION.to_string(),
-                theirs.version.to_string(),
-            ));
-        }
-        if let Some((field, ours, other)) = self.identity.first_difference(&theirs.identity) {
-            return Some(refuse(field, ours, other));
-        }
-        if theirs.nodes != self.nodes as u64 {
-            return Some(refuse(
-                "node count",
-                self.nodes.to_string(),
-                theirs.nodes.to_string(),
-            ));
-        }
-        None
     }
 
     /// Records a verified peer and what it told us; dials the members it
@@ -243,21 +269,23 @@ impl Membership {
         self.changed.notify_one();
     }
 
-    /// The member list we propose: the `nodes` smallest verified peer ids,
-    /// once that many are known.
+    /// The member list we propose: the first `nodes` verified peers in the
+    /// policy's place order, once that many are known.
     fn candidate(&self, st: &MemberState) -> Result<Option<Vec<String>>, CommError> {
-        let mut all: Vec<String> = st.verified.keys().map(|p| p.to_string()).collect();
-        all.push(self.local.to_string());
-        all.sort();
+        let mut all: Vec<PeerId> = st.verified.keys().copied().collect();
+        all.push(self.local);
+        all.sort_by_cached_key(|p| self.admission.place(&self.identity.run_id, p));
         if all.len() < self.nodes {
             return Ok(None);
         }
         all.truncate(self.nodes);
+        let all: Vec<String> = all.iter().map(|p| p.to_string()).collect();
         if !all.contains(&self.local.to_string()) {
             return Err(CommError::Other(format!(
-                "the run has {} members with smaller peer ids than ours ({}): {}",
+                "the run's {} places are taken by admitted peers placed before us ({}, {} policy): {}",
                 self.nodes,
                 self.local,
+                self.admission.name(),
                 all.join(", ")
             )));
         }
@@ -298,9 +326,12 @@ impl Membership {
             return Ok(None);
         };
         let members: Result<Vec<PeerId>, _> = names.iter().map(|n| n.parse::<PeerId>()).collect();
-        let members = members
+        let mut members = members
             .map_err(|e| CommError::Other(format!("a member list holds a bad peer id: {e}")))?;
-        let view = Arc::new(View::new(number, members));
+        // Ranks follow the agreed list's order (the policy's place order).
+        let mut seen = HashSet::new();
+        members.retain(|p| seen.insert(*p));
+        let view = Arc::new(View { number, members });
         st.view = Some(view.clone());
         Ok(Some(view))
     }
@@ -329,114 +360,6 @@ impl Membership {
         Ok(())
     }
 
-    async fn answer(self: Arc<Self>, peer: PeerId, mut stream: Stream) {
-        let hello: Hello = match read_msg(&mut stream).await {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!(%peer, "bad hello from peer {peer}: {e}");
-                return;
-            }
-        };
-        if hello.peer != peer.to_string() {
-            tracing::warn!(%peer, claimed = %hello.peer, "hello from peer {peer} claims to be {}", hello.peer);
-            return;
-        }
-        if let Some(r) = self.compare(&hello) {
-            self.record_refusal(peer, r.clone(), false);
-            let _ = write_msg(&mut stream, &Reply::Refused(r)).await;
-            let _ = stream.close().await;
-            // Let the refusal reach the peer before the connection goes.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let _ = self.swarm.send(SwarmCmd::Disconnect(peer));
-            return;
-        }
-        self.learn(peer, &hello);
-        let reply = Reply::Welcome(self.hello_locked(&lock(&self.state)));
-        let _ = write_msg(&mut stream, &reply).await;
-        let _ = stream.close().await;
-    }
-
-    /// One hello exchange with `peer`, started by us.
-    async fn greet(self: Arc<Self>, mut control: libp2p_stream::Control, peer: PeerId) {
-        let result = tokio::time::timeout(EXCHANGE_TIMEOUT, async {
-            let mut stream = control
-                .open_stream(peer, StreamProtocol::new(MEMBERSHIP_PROTOCOL))
-                .await
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-            let hello = self.hello_locked(&lock(&self.state));
-            write_msg(&mut stream, &hello).await?;
-            let reply: Reply = read_msg(&mut stream).await?;
-            let _ = stream.close().await;
-            Ok::<Reply, std::io::Error>(reply)
-        })
-        .await;
-        lock(&self.state).in_flight.remove(&peer);
-        match result {
-            Ok(Ok(Reply::Welcome(hello))) => {
-                if hello.peer != peer.to_string() {
-                    tracing::warn!(%peer, "welcome from peer {peer} claims to be {}", hello.peer);
-                } else if let Some(r) = self.compare(&hello) {
-                    self.record_refusal(peer, r, false);
-                    let _ = self.swarm.send(SwarmCmd::Disconnect(peer));
-                } else {
-                    self.learn(peer, &hello);
-                }
-            }
-            Ok(Ok(Reply::Refused(r))) => {
-                // The refuser's "ours" is our "theirs".
-                let ours_side = Refusal {
-                    field: r.field,
-                    ours: r.theirs,
-                    theirs: r.ours,
-                };
-                self.record_refusal(peer, ours_side, true);
-            }
-            Ok(Err(e)) => tracing::debug!(%peer, "hello exchange with {peer} failed: {e}"),
-            Err(_) => tracing::debug!(%peer, "hello exchange with {peer} timed out"),
-        }
-    }
-
-    /// Logs a refusal in either direction (with the field and both values)
-    /// and remembers the peer as one of another run. Being refused by, or
-    /// refusing, a bootstrap peer ends our join: we were told that peer is
-    /// in our run, so we are the odd one out.
-    fn record_refusal(&self, peer: PeerId, r: Refusal, by_them: bool) {
-        let text = if by_them {
-            format!(
-                "peer {peer} refused us: {} differs: ours {} theirs {}",
-                r.field, r.ours, r.theirs
-            )
-        } else {
-            format!(
-                "peer {peer} refused: {} differs: ours {} theirs {}",
-                r.field, r.ours, r.theirs
-            )
-        };
-        if by_them {
-            tracing::error!(%peer, field = %r.field, "{text}");
-        } else {
-            tracing::warn!(%peer, field = %r.field, "{text}");
-        }
-        let mut st = lock(&self.state);
-        st.refusals.push(text);
-        st.verified.remove(&peer);
-        if st.bootstrap_peers.contains(&peer) && st.fatal.is_none() {
-            st.fatal = Some(Self::fatal_refusal(peer, &r));
-        }
-        st.refused.insert(peer, r);
-        drop(st);
-        self.changed.notify_one();
-    }
-
-    fn fatal_refusal(peer: PeerId, r: &Refusal) -> CommError {
-        CommError::Refused {
-            peer: peer.to_string(),
-            field: r.field.clone(),
-            ours: r.ours.clone(),
-            theirs: r.theirs.clone(),
-        }
-    }
-
     fn on_event(&self, ev: NetEvent) -> Option<PeerId> {
         let mut st = lock(&self.state);
         match ev {
@@ -458,6 +381,25 @@ impl Membership {
                     }
                 }
                 Some(peer)
+            }
+            NetEvent::SameIdentity { address, outbound } => {
+                let text = if outbound {
+                    format!("the node at {address} has our own peer id {}", self.local)
+                } else {
+                    format!(
+                        "a connection from {address} authenticated as our own peer id {}",
+                        self.local
+                    )
+                };
+                let text = format!(
+                    "{text}: another process uses this node's identity{}",
+                    self.identity_file_note()
+                );
+                tracing::error!("duplicated identity: {text}");
+                if st.fatal.is_none() && st.view.is_none() {
+                    st.fatal = Some(CommError::DuplicateIdentity(text));
+                }
+                None
             }
             NetEvent::Disconnected { peer } => {
                 st.connected.remove(&peer);

@@ -28,11 +28,13 @@
 //! # Ok::<(), slowmo_gossip::CommError>(())
 //! ```
 
+mod admission;
 mod allreduce;
 mod behaviour;
 mod config;
 #[doc(hidden)]
 pub mod fuzz;
+mod fuzz_knock;
 mod gather;
 mod identity;
 mod inbound;
@@ -51,6 +53,10 @@ use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
 
+pub use admission::{
+    Admission, Invitation, RunKey, parse_public_key, peer_id_of_identity, public_key_text,
+    read_allowlist,
+};
 pub use config::{MetricsRegistry, P2pConfig, RunIdentity};
 pub use observe::{P2pObserver, PeerTraffic, reason_name};
 
@@ -92,7 +98,8 @@ pub struct P2pComm {
 impl P2pComm {
     /// Starts the node and joins the run: [`P2pComm::bind`] then
     /// [`PendingJoin::join`]. Returns once `cfg.nodes` verified peers agree
-    /// on the member list; ranks are the positions in the sorted peer ids.
+    /// on the member list; ranks are the positions in the agreed list
+    /// (the admission policy's place order: sorted peer ids when open).
     pub fn start(cfg: P2pConfig) -> Result<Self, CommError> {
         Self::bind(cfg)?.join()
     }
@@ -107,6 +114,9 @@ impl P2pComm {
         let bootstrap = parse_addrs("bootstrap", &cfg.bootstrap)?;
         let keypair = identity::load_or_create(cfg.identity_file.as_deref())?;
         let local = keypair.public().to_peer_id();
+        cfg.admission
+            .check_self(&cfg.run.run_id, &local)
+            .map_err(|e| CommError::Other(format!("admission ({}): {e}", cfg.admission.name())))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.worker_threads.max(1))
             .thread_name("slowmo-p2p")

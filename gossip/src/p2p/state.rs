@@ -21,7 +21,8 @@ use crate::{CommError, CommStats, Interrupt, Rank};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct View {
     pub number: u64,
-    /// Peer ids sorted by their base58 text: rank = index.
+    /// Members in rank order: sorted by their base58 text (`View::new`), or
+    /// the agreed list's order at the join (the admission policy's places).
     pub members: Vec<PeerId>,
 }
 

@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 
 /// Version of the frame layout and header fields, bumped on incompatible
 /// change. The join handshake compares it, so nodes of different versions
-/// never form a run. 2: [`Kind::Gather`] frames of [`DType::U64`].
-pub const WIRE_VERSION: u16 = 2;
+/// never form a run. 2: [`Kind::Gather`] frames of [`DType::U64`]. 3: the
+/// admission knock before membership hellos.
+pub const WIRE_VERSION: u16 = 3;
 /// Push-sum shares.
 pub const PUSH_SUM_PROTOCOL: &str = "/slowmo/push-sum/1";
 /// Ring all-reduce chunks (also the barrier).
