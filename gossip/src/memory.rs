@@ -400,9 +400,15 @@ impl MemoryComm {
                         timeout: shared.timeout,
                     });
                 }
+                // A member lost, or the view gone on without us: the
+                // others may never come.
+                self.interrupt.check()?;
+                if let Some(board) = &self.board {
+                    board.check_pending(self.id)?;
+                }
                 state = shared
                     .reduce_done
-                    .wait_timeout(state, deadline - now)
+                    .wait_timeout(state, (deadline - now).min(crate::POLL))
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }

@@ -49,7 +49,6 @@ fn a_killed_worker_leaves_the_others_to_finish_from_the_last_barrier() {
 }
 
 #[test]
-#[ignore = "intermittent hang in the in-memory fault board (about one run in three), under investigation"]
 fn a_restarted_worker_is_admitted_at_the_next_barrier_and_every_run_replays() {
     for preset in [
         "",
@@ -74,7 +73,6 @@ fn a_restarted_worker_is_admitted_at_the_next_barrier_and_every_run_replays() {
 }
 
 #[test]
-#[ignore = "intermittent hang in the in-memory fault board (about one run in three), under investigation"]
 fn a_partition_pauses_the_minority_and_heals_into_one_model() {
     let c = config("");
     let s = run(&c, "partition 0-2|3-7@20..60");
@@ -90,7 +88,6 @@ fn a_partition_pauses_the_minority_and_heals_into_one_model() {
 }
 
 #[test]
-#[ignore = "intermittent hang in the in-memory fault board (about one run in three), under investigation"]
 fn with_equal_halves_the_side_holding_rank_0_goes_on() {
     let c = config("");
     let t = run(&c, "partition 4-7|0-3@20..60");

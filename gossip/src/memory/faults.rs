@@ -293,6 +293,11 @@ impl Board {
         let st = lock(&self.state);
         // A killed worker dies whether or not the others noticed already.
         self.check_killed(id, step, restarted)?;
+        if !st.members.contains(&id) {
+            return Err(CommError::ViewChanging(
+                "the view went on without this worker".into(),
+            ));
+        }
         // A change that only admits joiners waits for every member at its
         // barrier (see `check_pending`).
         if st.pending.as_ref().is_some_and(|p| !p.lost.is_empty()) {
@@ -499,6 +504,13 @@ impl Board {
         // dies here (it waits one step short of its kill).
         self.check_killed(id, steps + 1, restarted)?;
         let mut st = lock(&self.state);
+        if !st.members.contains(&id) && !st.cut_off.contains_key(&id) {
+            // Outside the view and not cut off by a partition: the script
+            // killed it and the others went on before it reached its step.
+            return Err(CommError::Closed(format!(
+                "worker {id} killed by the fault script"
+            )));
+        }
         if !st.members.contains(&id) {
             return Ok((
                 ViewChange::Excluded("not a member of the view".into()),
