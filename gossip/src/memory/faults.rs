@@ -253,6 +253,24 @@ struct BoardState {
     state: Option<(u64, Arc<Vec<u8>>)>,
 }
 
+/// `Err` when worker `id` must leave its current view: the view went on
+/// without it, or a member began a change that loses members. A change that
+/// only admits joiners waits for every member at its barrier (see
+/// [`Board::check_pending`]).
+fn view_holds(st: &BoardState, id: usize) -> Result<(), CommError> {
+    if !st.members.contains(&id) {
+        return Err(CommError::ViewChanging(
+            "the view went on without this worker".into(),
+        ));
+    }
+    if st.pending.as_ref().is_some_and(|p| !p.lost.is_empty()) {
+        return Err(CommError::ViewChanging(
+            "another member began a view change".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// What the workers of a faulted run share.
 pub(crate) struct Board {
     script: FaultScript,
@@ -293,18 +311,7 @@ impl Board {
         let st = lock(&self.state);
         // A killed worker dies whether or not the others noticed already.
         self.check_killed(id, step, restarted)?;
-        if !st.members.contains(&id) {
-            return Err(CommError::ViewChanging(
-                "the view went on without this worker".into(),
-            ));
-        }
-        // A change that only admits joiners waits for every member at its
-        // barrier (see `check_pending`).
-        if st.pending.as_ref().is_some_and(|p| !p.lost.is_empty()) {
-            return Err(CommError::ViewChanging(
-                "another member began a view change".into(),
-            ));
-        }
+        view_holds(&st, id)?;
         for (i, f) in self.script.faults.iter().enumerate() {
             if st.done.contains(&i) {
                 continue;
@@ -360,18 +367,7 @@ impl Board {
     /// A worker that is no longer a member (the view went on without it)
     /// gives up too.
     pub fn check_pending(&self, id: usize) -> Result<(), CommError> {
-        let st = lock(&self.state);
-        if !st.members.contains(&id) {
-            return Err(CommError::ViewChanging(
-                "the view went on without this worker".into(),
-            ));
-        }
-        if st.pending.as_ref().is_some_and(|p| !p.lost.is_empty()) {
-            return Err(CommError::ViewChanging(
-                "another member began a view change".into(),
-            ));
-        }
-        Ok(())
+        view_holds(&lock(&self.state), id)
     }
 
     /// After the barrier that ends base step `steps - 1`: whether joiners

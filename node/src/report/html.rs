@@ -76,13 +76,7 @@ pub fn page(data: &RunData, figures: &[Figure], notes: &[String]) -> String {
         escape(&title),
         escape(&title)
     );
-    let steps = data
-        .nodes
-        .iter()
-        .filter_map(|n| n.records.last())
-        .map(|r| r.step + 1)
-        .max()
-        .unwrap_or(0);
+    let steps = data.steps();
     let _ = writeln!(
         out,
         "<p>{}: {} {}, {} steps recorded.</p>",

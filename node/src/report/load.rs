@@ -34,6 +34,18 @@ pub struct RunData {
     pub faults: Vec<(u64, String)>,
 }
 
+impl RunData {
+    /// Steps recorded: one past the furthest step any node reached.
+    pub fn steps(&self) -> u64 {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.records.last())
+            .map(|r| r.step + 1)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// Orders `node-2` before `node-10`.
 fn natural_key(name: &str) -> (String, u64) {
     let digits: String = name

@@ -100,13 +100,7 @@ fn lines(
 
 /// Markers on a step axis: barriers every tau steps, view changes, faults.
 fn step_markers(data: &RunData) -> Vec<Marker> {
-    let steps = data
-        .nodes
-        .iter()
-        .filter_map(|n| n.records.last())
-        .map(|r| r.step + 1)
-        .max()
-        .unwrap_or(0);
+    let steps = data.steps();
     let mut out = Vec::new();
     if let Some(tau) = data.tau.filter(|t| *t > 0 && *t < steps) {
         out.extend((1..=steps / tau).map(|k| Marker {
