@@ -49,6 +49,9 @@ pub(crate) enum Refusal {
     RoundWindow { round: u64, ours: u64, window: u64 },
     /// The sender already has `buffered` shares waiting with us.
     TooManyBuffered { buffered: usize, limit: u64 },
+    /// The share belongs to an earlier membership view: the view changed
+    /// while it travelled (dropped without blame).
+    Stale { epoch: u64, ours: u64 },
 }
 
 impl std::fmt::Display for Refusal {
@@ -67,6 +70,9 @@ impl std::fmt::Display for Refusal {
                 f,
                 "sender already has {buffered} shares buffered with us (limit {limit})"
             ),
+            Refusal::Stale { epoch, ours } => {
+                write!(f, "share of view {epoch}, ours is view {ours}")
+            }
         }
     }
 }
@@ -85,6 +91,8 @@ struct InboxState<P> {
     last_round: HashMap<Rank, u64>,
     /// Shares buffered per sender.
     buffered: HashMap<Rank, usize>,
+    /// The membership view the shares belong to ([`Inbox::reset`]).
+    epoch: u64,
 }
 
 /// Where shares wait for the training thread.
@@ -109,6 +117,7 @@ impl<P: SharePayload> Inbox<P> {
                 current: None,
                 last_round: HashMap::new(),
                 buffered: HashMap::new(),
+                epoch: 0,
             }),
             arrived: Condvar::new(),
             window,
@@ -120,6 +129,63 @@ impl<P: SharePayload> Inbox<P> {
     pub fn admit(&self, round: u64, from: Rank) -> Result<(), Refusal> {
         let st = lock(&self.state);
         self.admit_locked(&st, round, from)
+    }
+
+    /// Empties the inbox for a new membership view `epoch`: ranks and
+    /// rounds start afresh, and a share of another view is refused by
+    /// [`Inbox::deliver_in`]. Returns the payloads dropped.
+    pub fn reset(&self, epoch: u64) -> Vec<P> {
+        let mut st = lock(&self.state);
+        st.epoch = epoch;
+        st.current = None;
+        st.last_round.clear();
+        st.buffered.clear();
+        let dropped = std::mem::take(&mut st.shares);
+        drop(st);
+        self.arrived.notify_all();
+        dropped.into_values().map(|s| s.payload).collect()
+    }
+
+    /// [`Inbox::admit`] for a share of view `epoch`.
+    pub fn admit_in(&self, epoch: u64, round: u64, from: Rank) -> Result<(), Refusal> {
+        let st = lock(&self.state);
+        Self::same_epoch(&st, epoch)?;
+        self.admit_locked(&st, round, from)
+    }
+
+    /// [`Inbox::deliver`] for a share of view `epoch`.
+    pub fn deliver_in(
+        &self,
+        epoch: u64,
+        round: u64,
+        from: Rank,
+        weight: f64,
+        payload: P,
+    ) -> Result<(), Refusal> {
+        let mut st = lock(&self.state);
+        Self::same_epoch(&st, epoch)?;
+        self.admit_locked(&st, round, from)?;
+        Self::store(&mut st, round, from, weight, payload);
+        drop(st);
+        self.arrived.notify_all();
+        Ok(())
+    }
+
+    fn same_epoch(st: &InboxState<P>, epoch: u64) -> Result<(), Refusal> {
+        if st.epoch == epoch {
+            Ok(())
+        } else {
+            Err(Refusal::Stale {
+                epoch,
+                ours: st.epoch,
+            })
+        }
+    }
+
+    fn store(st: &mut InboxState<P>, round: u64, from: Rank, weight: f64, payload: P) {
+        st.last_round.insert(from, round);
+        *st.buffered.entry(from).or_insert(0) += 1;
+        st.shares.insert((round, from), Share { weight, payload });
     }
 
     fn admit_locked(&self, st: &InboxState<P>, round: u64, from: Rank) -> Result<(), Refusal> {
@@ -150,9 +216,7 @@ impl<P: SharePayload> Inbox<P> {
     pub fn deliver(&self, round: u64, from: Rank, weight: f64, payload: P) -> Result<(), Refusal> {
         let mut st = lock(&self.state);
         self.admit_locked(&st, round, from)?;
-        st.last_round.insert(from, round);
-        *st.buffered.entry(from).or_insert(0) += 1;
-        st.shares.insert((round, from), Share { weight, payload });
+        Self::store(&mut st, round, from, weight, payload);
         drop(st);
         self.arrived.notify_all();
         Ok(())

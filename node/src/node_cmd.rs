@@ -47,9 +47,15 @@ pub struct NodeArgs {
     /// Discover peers on the local network with mDNS.
     #[arg(long)]
     pub mdns: bool,
-    /// Seconds to wait for all nodes to join.
+    /// Seconds to wait for all nodes to join (and, below --min-nodes, for
+    /// joiners).
     #[arg(long, default_value_t = 120)]
     pub join_timeout: u64,
+    /// Fewest members to train with: when lost peers leave fewer, the run
+    /// pauses at its barrier until nodes join (up to --join-timeout), then
+    /// stops with an error.
+    #[arg(long, default_value_t = 1)]
+    pub min_nodes: usize,
     /// Seconds a peer may stay silent during an exchange.
     #[arg(long, default_value_t = 60)]
     pub peer_timeout: u64,
@@ -195,6 +201,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     p2p.identity_file = args.identity.clone();
     p2p.mdns = args.mdns;
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
+    p2p.min_nodes = args.min_nodes;
     p2p.peer_timeout = Duration::from_secs(args.peer_timeout);
     let endpoint = args
         .metrics_addr
@@ -230,7 +237,6 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         e.attach(comm.observer());
     }
     let rank = comm.rank();
-    let members = comm.members();
     tracing::info!(rank, peer = %comm.local_peer_id(), "run started");
     let shards = data::shard_indices(
         &dataset.train.labels,
@@ -249,7 +255,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         world_size: config.workers,
     };
     let resume = match (&args.checkpoints.checkpoint_dir, args.checkpoints.resume) {
-        (Some(dir), true) => Some(agree_on_checkpoint(
+        (Some(dir), true) if comm.is_member() => Some(agree_on_checkpoint(
             &mut comm,
             dir,
             model.layout(),
@@ -276,7 +282,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         stop: Some(stopper.flag()),
         checkpoints,
         resume,
-        join: false,
+        // A new node, or a restart of a member, while the run is under way:
+        // it is admitted at a barrier and receives the state.
+        join: !comm.is_member(),
     };
 
     let progress = Progress::new(config.steps, &format!("node {rank}"));
@@ -295,11 +303,12 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let stats = comm.stats();
     let peer_id = comm.local_peer_id();
     // Outputs before the network goes: a graceful shutdown may wait on peers.
+    // Rank and members of the view the run ended in.
     let mut summary = summarize(
         &config,
-        rank,
+        comm.rank(),
         peer_id,
-        members,
+        comm.members(),
         &result,
         last.as_ref(),
         stats,

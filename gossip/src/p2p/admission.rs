@@ -110,7 +110,7 @@ struct InvitationFile {
 
 const KEY_PREFIX: &str = "ed25519:";
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

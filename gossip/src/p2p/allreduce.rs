@@ -54,14 +54,20 @@ impl Ring<'_> {
         let left = self.left();
         let left_peer = self.view.members[left];
         let wait = self.shared.cfg.peer_timeout;
-        let got = block_on_active(
-            self.rt,
-            self.shared,
-            &left_peer,
-            started,
-            wait,
-            self.inbox.recv(),
-        );
+        let number = self.view.number;
+        let inbox = &mut *self.inbox;
+        let shared = self.shared;
+        // A chunk of an earlier view (checked before the view changed, or
+        // queued then) is dropped without blame.
+        let fresh = async move {
+            loop {
+                match inbox.recv().await {
+                    Some(msg) if msg.header.view != number => shared.pool.give(msg.payload),
+                    other => return other,
+                }
+            }
+        };
+        let got = block_on_active(self.rt, self.shared, &left_peer, started, wait, fresh);
         match got {
             Ok(Some(msg)) => Ok(msg),
             Ok(None) => Err(CommError::Closed("all-reduce inbox closed".into())),

@@ -57,6 +57,10 @@ pub struct P2pConfig {
     /// The run starts once this many verified peers (including this one)
     /// agree on the same member list.
     pub nodes: usize,
+    /// Fewest members the run trains with: after a view change that leaves
+    /// fewer, the members wait (up to the join timeout) for joiners before
+    /// they go on, and then stop with an error.
+    pub min_nodes: usize,
     /// How long [`P2pComm::start`](super::P2pComm::start) waits for the
     /// members before giving up.
     pub join_timeout: Duration,
@@ -116,6 +120,7 @@ impl P2pConfig {
             identity_file: None,
             mdns: false,
             nodes,
+            min_nodes: 1,
             join_timeout: Duration::from_secs(60),
             peer_timeout: Duration::from_secs(60),
             run,
@@ -178,6 +183,12 @@ impl P2pConfig {
     pub(crate) fn validate(&self) -> Result<(), String> {
         if self.nodes == 0 {
             return Err("nodes must be at least 1".into());
+        }
+        if self.min_nodes == 0 || self.min_nodes > self.nodes {
+            return Err(format!(
+                "min_nodes {} must be between 1 and the run's {} nodes",
+                self.min_nodes, self.nodes
+            ));
         }
         if self.listen.is_empty() {
             return Err("listen: at least one multiaddr is needed".into());

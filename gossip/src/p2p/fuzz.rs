@@ -151,6 +151,7 @@ fn read_error(e: ReadError) -> String {
         ReadError::Eof => "end of stream".into(),
         ReadError::Io(e) => format!("stream broke: {e}"),
         ReadError::Rejected(r) => r.to_string(),
+        ReadError::Stale { view, ours } => format!("frame of view {view} after our view {ours}"),
     }
 }
 
@@ -790,6 +791,7 @@ fn gen_hello(rng: &mut Rng, hostile: bool, as_reply: bool) -> (Vec<u8>, usize) {
         view: rng.chance(30).then_some(ViewInfo {
             number: VIEW,
             members: names,
+            instances: Vec::new(),
         }),
         settings: [("lr".to_string(), "0.01".to_string())].into(),
         admission: "open".into(),
@@ -819,6 +821,7 @@ fn gen_hello(rng: &mut Rng, hostile: bool, as_reply: bool) -> (Vec<u8>, usize) {
                 h.view = Some(ViewInfo {
                     number: rng.wild(),
                     members: vec![junk.into(), ctx.names[0].clone()],
+                    instances: vec![rng.wild()],
                 })
             }
             _ => h.members = Vec::new(),

@@ -370,7 +370,6 @@ fn settings_differing(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
     use std::sync::{Arc, Mutex};
 
     use libp2p::identity::Keypair;
@@ -399,7 +398,13 @@ mod tests {
             Vec::new(),
             mpsc::unbounded_channel().0,
             watch::channel(None).0,
-            Arc::new(AtomicBool::new(false)),
+            Arc::new(crate::p2p::state::Shared::new(
+                cfg.clone(),
+                local,
+                watch::channel(None).1,
+                mpsc::channel(1).0,
+                mpsc::unbounded_channel().0,
+            )),
         )
     }
 

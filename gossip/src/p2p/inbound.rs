@@ -62,13 +62,17 @@ async fn serve(shared: Arc<Shared>, peer: PeerId, mut stream: Stream, protocol: 
     }
     // Frames may come before our own join has finished; hold them until we
     // know the view (the sender's flow control waits meanwhile).
-    let Some(view) = wait_for_view(&shared).await else {
+    if wait_for_view(&shared, 0).await.is_none() {
         tracing::debug!(%peer, protocol, "no view within the join timeout; closing the stream");
         return;
-    };
+    }
     loop {
-        match serve_one(&shared, &view, peer, &mut stream, protocol).await {
+        match serve_one(&shared, peer, &mut stream, protocol).await {
             Ok(()) => {}
+            Err(ReadError::Stale { view, ours }) => {
+                tracing::debug!(%peer, protocol, "frame of view {view} from {peer} after our view {ours} began; closing the stream");
+                return;
+            }
             Err(ReadError::Eof) => {
                 // The sender closed its side after its last frame: confirm.
                 let _ = stream.write_all(&[READY]).await;
@@ -89,33 +93,65 @@ async fn serve(shared: Arc<Shared>, peer: PeerId, mut stream: Stream, protocol: 
     }
 }
 
-async fn wait_for_view(shared: &Shared) -> Option<Arc<View>> {
+/// Waits for our view numbered `at_least` or later (a frame of a view
+/// we have not installed yet waits for it: its sender installed it first).
+async fn wait_for_view(shared: &Shared, at_least: u64) -> Option<Arc<View>> {
     let mut rx = shared.view.clone();
-    let wait = shared.cfg.join_timeout + Duration::from_secs(5);
-    match tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await {
+    let wait = if at_least == 0 {
+        shared.cfg.join_timeout + Duration::from_secs(5)
+    } else {
+        shared.cfg.peer_timeout
+    };
+    let ready = |v: &Option<Arc<View>>| v.as_ref().is_some_and(|v| v.number >= at_least);
+    match tokio::time::timeout(wait, rx.wait_for(ready)).await {
         Ok(Ok(v)) => v.clone(),
         _ => None,
+    }
+}
+
+/// The view a frame of view `number` is checked against: ours, after
+/// waiting for it if the sender is ahead; an older frame is stale.
+async fn view_for(shared: &Shared, number: u64) -> Result<Arc<View>, ReadError> {
+    let current = shared.view.borrow().clone();
+    let ours = current.as_ref().map_or(0, |v| v.number);
+    if number < ours {
+        return Err(ReadError::Stale { view: number, ours });
+    }
+    match wait_for_view(shared, number).await {
+        Some(v) => Ok(v),
+        None => Err(ReadError::Rejected(Reject::View {
+            expected: ours,
+            got: number,
+        })),
     }
 }
 
 /// Reads, checks and delivers one frame.
 async fn serve_one(
     shared: &Shared,
-    view: &View,
     peer: PeerId,
     stream: &mut Stream,
     protocol: &'static str,
 ) -> Result<(), ReadError> {
     let (header, header_bytes) = read_header(stream).await?;
+    let view = if header.version == WIRE_VERSION && header.run_id == shared.cfg.run.run_id {
+        view_for(shared, header.view).await?
+    } else {
+        // check_header names what is wrong.
+        shared.view.borrow().clone().ok_or(ReadError::Rejected(Reject::View {
+            expected: 0,
+            got: header.view,
+        }))?
+    };
     let from =
-        check_header(&shared.cfg, view, &peer, &header, protocol).map_err(ReadError::Rejected)?;
+        check_header(&shared.cfg, &view, &peer, &header, protocol).map_err(ReadError::Rejected)?;
     // check_header capped the size.
     let bytes = header.dtype.size() * header.len;
     if protocol == PUSH_SUM_PROTOCOL {
         shared
             .push_inbox
-            .admit(header.round, from)
-            .map_err(|r| ReadError::Rejected(r.into()))?;
+            .admit_in(view.number, header.round, from)
+            .map_err(refused)?;
     }
     let buf = shared.pool.take(bytes as usize);
     let (payload, scan) =
@@ -125,8 +161,8 @@ async fn serve_one(
     if protocol == PUSH_SUM_PROTOCOL {
         shared
             .push_inbox
-            .deliver(header.round, from, header.weight, LeBytes(payload))
-            .map_err(|r| ReadError::Rejected(r.into()))?;
+            .deliver_in(view.number, header.round, from, header.weight, LeBytes(payload))
+            .map_err(refused)?;
     } else {
         let msg = ReduceMsg {
             from,
@@ -142,6 +178,15 @@ async fn serve_one(
     shared.counters.received(wire_bytes);
     shared.observed.received(&peer, wire_bytes);
     Ok(())
+}
+
+/// A share the push-sum inbox refused: stale after a view change, or
+/// the sender's fault.
+fn refused(r: crate::ledger::Refusal) -> ReadError {
+    match r {
+        crate::ledger::Refusal::Stale { epoch, ours } => ReadError::Stale { view: epoch, ours },
+        r => ReadError::Rejected(r.into()),
+    }
 }
 
 /// Everything about a header that can be checked without the payload.

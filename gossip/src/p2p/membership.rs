@@ -52,7 +52,7 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 const REFRESH: Duration = Duration::from_millis(250);
 
 /// A member as other peers should dial it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct MemberInfo {
     pub peer: String,
     pub addrs: Vec<String>,
@@ -63,6 +63,20 @@ pub(crate) struct MemberInfo {
 pub(crate) struct ViewInfo {
     pub number: u64,
     pub members: Vec<String>,
+    /// The process instance of each member when it entered the view: a
+    /// node that finds its peer id there with another instance is a
+    /// restart and must join again.
+    #[serde(default)]
+    pub instances: Vec<u64>,
+}
+
+/// How a join ended.
+pub(crate) enum Joined {
+    /// We are a member of the view that started.
+    Member(Arc<View>),
+    /// The run started without us (we are new, or a restart of a member):
+    /// we ask to be admitted at a barrier.
+    Outside(Arc<View>),
 }
 
 /// Who we are and what we know.
@@ -131,6 +145,11 @@ struct MemberState {
     in_flight: HashSet<PeerId>,
     fatal: Option<CommError>,
     view: Option<Arc<View>>,
+    /// Each member's process instance in the current view.
+    view_instances: HashMap<PeerId, u64>,
+    /// A started view that runs without us (or with an earlier process of
+    /// ours).
+    outside: Option<Arc<View>>,
 }
 
 /// The membership protocol of one node.
@@ -150,6 +169,7 @@ pub(crate) struct Membership {
     state: Mutex<MemberState>,
     changed: Notify,
     stopping: Arc<AtomicBool>,
+    shared: Arc<super::state::Shared>,
 }
 
 #[path = "handshake.rs"]
@@ -192,8 +212,9 @@ impl Membership {
         bootstrap: Vec<Multiaddr>,
         swarm: mpsc::UnboundedSender<SwarmCmd>,
         view_tx: watch::Sender<Option<Arc<View>>>,
-        stopping: Arc<AtomicBool>,
+        shared: Arc<super::state::Shared>,
     ) -> Self {
+        let stopping = shared.stopping.clone();
         Self {
             local,
             identity: cfg.run.clone(),
@@ -210,7 +231,59 @@ impl Membership {
             state: Mutex::new(MemberState::default()),
             changed: Notify::new(),
             stopping,
+            shared,
         }
+    }
+
+    /// The process instance of each member of `view` (0 when unknown).
+    fn instances_of(&self, st: &MemberState, view: &View) -> HashMap<PeerId, u64> {
+        view.members
+            .iter()
+            .map(|p| {
+                let i = if *p == self.local {
+                    self.instance
+                } else {
+                    st.instances
+                        .get(p)
+                        .and_then(|v| v.last().copied())
+                        .unwrap_or(0)
+                };
+                (*p, i)
+            })
+            .collect()
+    }
+
+    /// Whether `peer` passed the handshake with us.
+    pub fn is_verified(&self, peer: &PeerId) -> bool {
+        lock(&self.state).verified.contains_key(peer)
+    }
+
+    /// Peers that passed the handshake with us.
+    pub fn verified_peers(&self) -> Vec<PeerId> {
+        lock(&self.state).verified.keys().copied().collect()
+    }
+
+    /// The addresses `peer` announced (ours for ourselves).
+    pub fn addrs_of(&self, peer: &PeerId) -> Vec<String> {
+        if *peer == self.local {
+            return lock(&self.listen).iter().map(|a| a.to_string()).collect();
+        }
+        lock(&self.state)
+            .verified
+            .get(peer)
+            .map(|a| a.iter().map(|a| a.to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    /// A view change installed `view`: hellos show it, and the inbound
+    /// streams check frames against it.
+    pub fn install(&self, view: Arc<View>) {
+        let mut st = lock(&self.state);
+        st.view_instances = self.instances_of(&st, &view);
+        st.view = Some(view.clone());
+        st.outside = None;
+        drop(st);
+        let _ = self.view_tx.send(Some(view));
     }
 
     fn hello_locked(&self, st: &MemberState) -> Hello {
@@ -233,6 +306,11 @@ impl Membership {
             view: st.view.as_ref().map(|v| ViewInfo {
                 number: v.number,
                 members: v.names(),
+                instances: v
+                    .members
+                    .iter()
+                    .map(|p| st.view_instances.get(p).copied().unwrap_or(0))
+                    .collect(),
             }),
             settings: self.settings.clone(),
             admission: self.admission.digest(),
@@ -246,6 +324,15 @@ impl Membership {
         let mut st = lock(&self.state);
         let addrs = parse_addrs("hello", &hello.addrs).unwrap_or_default();
         st.verified.insert(peer, addrs);
+        if st
+            .view_instances
+            .get(&peer)
+            .is_some_and(|i| *i != 0 && *i != hello.instance)
+        {
+            // A new process behind a member's identity: the old one is gone.
+            self.shared
+                .lose(&peer, "a new process with its identity said hello (a restart)");
+        }
         match &hello.proposal {
             Some(p) => st.proposals.insert(peer, p.clone()),
             None => st.proposals.remove(&peer),
@@ -300,13 +387,28 @@ impl Membership {
         }
         let me = self.local.to_string();
         let mut adopt = None;
-        for (peer, info) in &st.started {
-            if !info.members.contains(&me) {
-                return Err(CommError::Other(format!(
-                    "peer {peer} already runs view {} without us: members {}",
-                    info.number,
-                    info.members.join(", ")
-                )));
+        for info in st.started.values() {
+            let place = info.members.iter().position(|p| *p == me);
+            let restarted = place
+                .and_then(|i| info.instances.get(i))
+                .is_some_and(|i| *i != 0 && *i != self.instance);
+            if place.is_none() || restarted {
+                let newest = st
+                    .started
+                    .values()
+                    .max_by_key(|i| i.number)
+                    .unwrap_or(info)
+                    .clone();
+                let members: Result<Vec<PeerId>, _> =
+                    newest.members.iter().map(|n| n.parse::<PeerId>()).collect();
+                let members = members.map_err(|e| {
+                    CommError::Other(format!("a started view holds a bad peer id: {e}"))
+                })?;
+                st.outside = Some(Arc::new(View {
+                    number: newest.number,
+                    members,
+                }));
+                return Ok(None);
             }
             adopt = Some(info.clone());
         }
@@ -332,6 +434,7 @@ impl Membership {
         let mut seen = HashSet::new();
         members.retain(|p| seen.insert(*p));
         let view = Arc::new(View { number, members });
+        st.view_instances = self.instances_of(st, &view);
         st.view = Some(view.clone());
         Ok(Some(view))
     }
@@ -405,10 +508,9 @@ impl Membership {
                 st.connected.remove(&peer);
                 let member = st.view.as_ref().is_some_and(|v| v.rank_of(&peer).is_some());
                 if member && !self.stopping.load(Ordering::Relaxed) {
-                    // A peer that left cleanly looks the same; a missing
-                    // share or chunk is reported by the operation waiting
-                    // for it (PeerTimeout names the peer).
                     tracing::info!(%peer, "the connection to member {peer} closed");
+                    drop(st);
+                    self.shared.lose(&peer, "its connection closed");
                 }
                 None
             }
@@ -444,7 +546,7 @@ impl Membership {
         control: libp2p_stream::Control,
         mut events: mpsc::UnboundedReceiver<NetEvent>,
         timeout: Duration,
-    ) -> Result<Arc<View>, CommError> {
+    ) -> Result<Joined, CommError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut tick = tokio::time::interval(REFRESH);
         let result = loop {
@@ -466,14 +568,24 @@ impl Membership {
                 break Err(e);
             }
             match self.try_settle(&mut st) {
-                Ok(Some(view)) => break Ok(view),
+                Ok(Some(view)) => break Ok(Joined::Member(view)),
                 Ok(None) => {}
                 Err(e) => break Err(e),
             }
+            if let Some(view) = st.outside.clone() {
+                break Ok(Joined::Outside(view));
+            }
         };
-        if let Ok(view) = &result {
-            tracing::info!(view = view.number, members = ?view.names(), "joined the run: view {} with {} members", view.number, view.members.len());
-            let _ = self.view_tx.send(Some(view.clone()));
+        if let Ok(joined) = &result {
+            match joined {
+                Joined::Member(view) => {
+                    tracing::info!(view = view.number, members = ?view.names(), "joined the run: view {} with {} members", view.number, view.members.len());
+                    let _ = self.view_tx.send(Some(view.clone()));
+                }
+                Joined::Outside(view) => {
+                    tracing::info!(view = view.number, members = ?view.names(), "the run is under way (view {} with {} members) without this process: asking to be admitted", view.number, view.members.len());
+                }
+            }
             let _ = self.swarm.send(SwarmCmd::StopDiscovery);
             // Keep answering late hellos (they learn the started view) and
             // keep track of connections.

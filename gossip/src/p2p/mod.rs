@@ -43,6 +43,7 @@ mod membership;
 mod observe;
 mod payload;
 mod state;
+mod views;
 pub mod wire;
 
 use std::sync::{Arc, Mutex};
@@ -93,6 +94,9 @@ pub struct P2pComm {
     push: Ledger,
     /// All-reduce sequence number (also counts barriers).
     seq: u64,
+    membership: Arc<Membership>,
+    /// Joiners of the view just installed, waiting for the state.
+    pending_joiners: Vec<PeerId>,
 }
 
 impl P2pComm {
@@ -143,7 +147,7 @@ impl P2pComm {
             bootstrap.clone(),
             swarm_tx,
             view_tx,
-            shared.stopping.clone(),
+            shared.clone(),
         ));
         let bound = rt.block_on(async {
             let (mut swarm, metrics) = behaviour::build_swarm(keypair, &cfg)?;
@@ -158,6 +162,7 @@ impl P2pComm {
             let mut control = swarm.behaviour().stream.new_control();
             inbound::spawn_acceptors(&shared, &mut control).map_err(CommError::Other)?;
             membership.spawn_acceptor(&mut control)?;
+            views::spawn_acceptors(&shared, &membership, &mut control)?;
             tokio::spawn(behaviour::run_swarm(
                 swarm,
                 swarm_rx,
@@ -302,6 +307,12 @@ impl P2pComm {
     }
 
     fn runtime(&self) -> Result<&Runtime, CommError> {
+        if !self.is_member() {
+            return Err(CommError::Other(format!(
+                "this node ({}) is outside the run's view {}: it must be admitted first",
+                self.shared.local, self.view.number
+            )));
+        }
         self.rt
             .as_ref()
             .ok_or_else(|| CommError::Closed("node stopped".into()))
@@ -350,6 +361,7 @@ impl P2pComm {
             && let Some(peer) = self.view.members.get(*rank)
         {
             self.shared.observed.timed_out(peer);
+            self.shared.suspect(peer);
         }
         result
     }
@@ -370,6 +382,7 @@ impl P2pComm {
         operation: &'static str,
         f: impl FnOnce(&mut Ring<'_>) -> Result<T, CommError>,
     ) -> Result<Option<T>, CommError> {
+        self.runtime()?;
         self.seq += 1;
         let rt = self
             .rt
@@ -436,8 +449,9 @@ impl PendingJoin {
             events,
             timeout,
         ));
-        let view = match joined {
-            Ok(v) => v,
+        let (view, member) = match joined {
+            Ok(membership::Joined::Member(v)) => (v, true),
+            Ok(membership::Joined::Outside(v)) => (v, false),
             Err(e) => {
                 // Linger a moment so that our last answers (a refusal the
                 // other side should log too) leave before the swarm goes.
@@ -448,53 +462,77 @@ impl PendingJoin {
             }
         };
         let local = self.shared.local;
-        let rank = view.rank_of(&local).ok_or_else(|| {
-            CommError::Other(format!(
-                "we ({local}) are not a member of the view we joined"
-            ))
-        })?;
-        let m = view.members.len();
-        let guard = rt.enter();
-        let push_links = view
-            .members
-            .iter()
-            .map(|peer| {
-                (*peer != local).then(|| {
-                    Link::spawn(
-                        self.shared.clone(),
-                        self.control.clone(),
-                        *peer,
-                        StreamProtocol::new(PUSH_SUM_PROTOCOL),
-                        PUSH_QUEUE,
-                    )
-                })
-            })
-            .collect();
-        let ring_link = (m > 1).then(|| {
-            let right = view.members[(rank + 1) % m];
-            Link::spawn(
-                self.shared.clone(),
-                self.control.clone(),
-                right,
-                StreamProtocol::new(ALL_REDUCE_PROTOCOL),
-                1,
-            )
-        });
-        drop(guard);
+        let rank = view.rank_of(&local).filter(|_| member);
+        let (push_links, ring_link) = match rank {
+            Some(rank) => {
+                let _guard = rt.enter();
+                spawn_links(&self.shared, &self.control, &view, rank)
+            }
+            None => (Vec::new(), None),
+        };
         Ok(P2pComm {
             rt: Some(rt),
             shared: self.shared.clone(),
             control: self.control.clone(),
-            view,
-            rank,
+            // Outside the run, the view we know stands in until we are
+            // admitted (no links: we send nothing).
+            view: if member {
+                view
+            } else {
+                Arc::new(View {
+                    number: view.number,
+                    members: view.members.iter().filter(|p| **p != local).copied().collect(),
+                })
+            },
+            rank: rank.unwrap_or(0),
             listen: self.listen.clone(),
             push_links,
             ring_link,
             reduce_rx: self.reduce_rx.take().expect("joined once"),
             push: Ledger::new(Mixing::Arrived),
             seq: 0,
+            membership: self.membership.clone(),
+            pending_joiners: Vec::new(),
         })
     }
+}
+
+/// The links of rank `rank` in `view`: push-sum to every member, all-reduce
+/// to the right ring neighbour. Call inside the node's runtime.
+pub(crate) fn spawn_links(
+    shared: &Arc<Shared>,
+    control: &libp2p_stream::Control,
+    view: &View,
+    rank: Rank,
+) -> (Vec<Option<Link>>, Option<Link>) {
+    let local = shared.local;
+    let m = view.members.len();
+    let push_links = view
+        .members
+        .iter()
+        .map(|peer| {
+            (*peer != local).then(|| {
+                Link::spawn(
+                    shared.clone(),
+                    control.clone(),
+                    *peer,
+                    StreamProtocol::new(PUSH_SUM_PROTOCOL),
+                    PUSH_QUEUE,
+                )
+            })
+        })
+        .collect();
+    let ring_link = (m > 1).then(|| {
+        let right = view.members[(rank + 1) % m];
+        Link::spawn(
+            shared.clone(),
+            control.clone(),
+            right,
+            StreamProtocol::new(ALL_REDUCE_PROTOCOL),
+            1,
+        )
+    });
+    (push_links, ring_link)
 }
 
 impl Drop for PendingJoin {
@@ -539,6 +577,7 @@ pub(crate) fn block_on_active<F: std::future::Future>(
                 Err(_) => {
                     if shared.activity.deadline(peer, started, limit) <= std::time::Instant::now() {
                         shared.observed.timed_out(peer);
+                        shared.suspect(peer);
                         return Err(Stopped::Silent);
                     }
                 }
@@ -658,6 +697,7 @@ impl Communicator for P2pComm {
                 got: x.len(),
             });
         }
+        self.runtime()?;
         self.collect(Some(u64::MAX), x, w, "drain")
     }
 
@@ -672,6 +712,26 @@ impl Communicator for P2pComm {
     fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
         let gathered = self.on_ring("all-gather", |ring| ring.gather(values))?;
         Ok(gathered.unwrap_or_else(|| vec![values.to_vec()]))
+    }
+
+    fn change_view(&mut self, last_barrier: u64) -> Result<crate::ViewChange, CommError> {
+        self.change_view_p2p(last_barrier)
+    }
+
+    fn at_barrier(&mut self, _round: u64) -> Result<bool, CommError> {
+        self.at_barrier_p2p()
+    }
+
+    fn send_state(&mut self, state: &[u8]) -> Result<(), CommError> {
+        self.send_state_p2p(state)
+    }
+
+    fn rejoin(&mut self) -> Result<crate::Admission, CommError> {
+        self.rejoin_p2p()
+    }
+
+    fn interrupt_handle(&self) -> Option<crate::Interrupt> {
+        Some(self.shared.interrupt.clone())
     }
 
     fn stats(&self) -> CommStats {

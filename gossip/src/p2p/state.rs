@@ -133,6 +133,8 @@ pub(crate) struct Shared {
     /// member started a view change. Every wait of the training thread
     /// gives up with it; a view change clears it.
     pub alarm: Mutex<Option<CommError>>,
+    /// What the view protocol heard ([`super::views`]).
+    pub views: super::views::Board,
     offences: Mutex<HashMap<PeerId, u32>>,
 }
 
@@ -167,6 +169,7 @@ impl Shared {
             stopping: Arc::new(AtomicBool::new(false)),
             interrupt: Interrupt::new(),
             alarm: Mutex::new(None),
+            views: Default::default(),
             offences: Mutex::new(HashMap::new()),
         }
     }

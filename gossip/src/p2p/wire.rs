@@ -160,6 +160,10 @@ impl From<crate::ledger::Refusal> for Reject {
             Refusal::TooManyBuffered { buffered, limit } => {
                 Reject::TooManyBuffered { buffered, limit }
             }
+            Refusal::Stale { epoch, ours } => Reject::View {
+                expected: ours,
+                got: epoch,
+            },
         }
     }
 }
@@ -173,6 +177,9 @@ pub enum ReadError {
     Io(std::io::Error),
     /// The frame was refused.
     Rejected(Reject),
+    /// The frame belongs to an earlier membership view (the view changed
+    /// while it travelled): dropped without blaming the sender.
+    Stale { view: u64, ours: u64 },
 }
 
 impl From<std::io::Error> for ReadError {

@@ -8,3 +8,4 @@ mod common;
 mod join;
 mod push_sum;
 mod validation;
+mod views;
