@@ -406,10 +406,10 @@ impl Planner {
     }
 }
 
-/// One line of chaos.jsonl.
+/// One line of chaos.jsonl (and of a local run's events.jsonl).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LogEntry {
-    /// Seconds since chaos started.
+    /// Seconds since chaos started (when the action began).
     pub t: f64,
     /// Wall clock, seconds since the Unix epoch.
     pub unix: f64,
@@ -474,8 +474,19 @@ struct Log {
 
 impl Log {
     fn write(&mut self, action: &str, target: &str, result: &str) -> anyhow::Result<()> {
+        self.write_at(self.start.elapsed(), action, target, result)
+    }
+
+    /// Logs an action that began `t` after the start.
+    fn write_at(
+        &mut self,
+        t: Duration,
+        action: &str,
+        target: &str,
+        result: &str,
+    ) -> anyhow::Result<()> {
         let entry = LogEntry {
-            t: (self.start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+            t: (t.as_secs_f64() * 1000.0).round() / 1000.0,
             unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
@@ -635,13 +646,22 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let project = args.target.project()?;
-    let containers = project.containers()?;
-    if containers.is_empty() {
-        bail!(
-            "testnet `{}` has no containers: start it first with `slowmo-testnet up`",
-            project.name
-        );
-    }
+    // Started beside `up --wait`, the containers may not exist yet.
+    let waiting = Instant::now();
+    let services = project.services()?;
+    let containers = loop {
+        let containers = project.containers()?;
+        if !containers.is_empty() && containers.len() >= services.len() {
+            break containers;
+        }
+        if waiting.elapsed() >= Duration::from_secs(120) {
+            bail!(
+                "testnet `{}` has no containers after 2 minutes: start it with `slowmo-testnet up`",
+                project.name
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
     let nodes = containers.len();
     let max_down = args
         .max_down
@@ -690,11 +710,12 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
         if !sleep_until(&log.start, at, &project)? {
             break "every node has exited";
         }
+        let began = log.start.elapsed();
         let result = match carry_out(&project, &next.action, max_down, &results) {
             Ok(r) => r,
             Err(e) => format!("failed: {e:#}"),
         };
-        log.write(next.action.name(), &next.action.target(), &result)?;
+        log.write_at(began, next.action.name(), &next.action.target(), &result)?;
     };
     // Leave no node cut off or frozen.
     let containers = project.containers()?;
