@@ -200,8 +200,13 @@ impl NodeFate {
             "finished" => "finished".to_string(),
             "killed" => format!("killed{at}"),
             "failed" => format!(
-                "failed{at} ({})",
-                self.exit.as_deref().unwrap_or("no exit status")
+                "failed{at} ({}{})",
+                self.exit.as_deref().unwrap_or("no exit status"),
+                if self.exit_code == Some(0) {
+                    ", no completed summary"
+                } else {
+                    ""
+                }
             ),
             other => format!("{other}{at}"),
         };
@@ -861,9 +866,12 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
         let running = nodes.slots.iter().filter(|s| s.running()).count();
         if running == 0 {
             // Nothing moves steps any more; a timed restart may still come.
-            let timed_restart = pending
-                .iter()
-                .any(|f| f.action == FaultAction::Restart && matches!(f.at, Trigger::Seconds(_)));
+            // (One that waits for a fault still to come on its node never fires.)
+            let timed_restart = pending.iter().enumerate().any(|(k, f)| {
+                f.action == FaultAction::Restart
+                    && matches!(f.at, Trigger::Seconds(_))
+                    && !pending[..k].iter().any(|e| e.node == f.node)
+            });
             if !timed_restart {
                 for f in pending.drain(..) {
                     nodes.event(
@@ -899,6 +907,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
                     let state = match (s.running(), s.paused) {
                         (true, true) => " paused",
                         (true, false) => "",
+                        (false, _) if s.fate.ended_by.as_deref() == Some("self") => " exited",
                         (false, _) => " down",
                     };
                     match last_step(&s.dir.join("metrics.jsonl")) {

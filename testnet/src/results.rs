@@ -94,6 +94,8 @@ pub fn chaos_table(rows: &[ResultRow], chaos: &BTreeMap<String, ChaosFate>) -> S
             } else {
                 "finished".to_string()
             }
+        } else if r.state == "running" || r.state == "paused" {
+            r.state.clone()
         } else {
             format!("did not finish ({})", r.state)
         };
