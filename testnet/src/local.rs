@@ -728,7 +728,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
         } else {
             multiaddr(args.transport, 0)
         };
-        let mut a: Vec<OsString> = Vec::new();
+        let mut a: Vec<OsString> = vec!["node".into()];
         let mut flag = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
             a.push(k.into());
             a.push(v.as_ref().to_owned());
@@ -799,7 +799,6 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
     // Faults not yet carried out; a fault waits for the earlier ones on its node.
     let mut pending: Vec<ScriptedFault> = script;
     let mut last_print = Instant::now();
-    let mut last_steps = Instant::now() - Duration::from_secs(1);
     let mut run_step = 0u64;
     loop {
         if interrupted.load(Ordering::SeqCst) {
@@ -833,11 +832,8 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
                 );
             }
         }
-        // The run's step, for step triggers (at most twice a second).
-        if pending.iter().any(|f| matches!(f.at, Trigger::Step(_)))
-            && last_steps.elapsed() >= Duration::from_millis(500)
-        {
-            last_steps = Instant::now();
+        // The run's step, for step triggers (the metrics files' tails).
+        if pending.iter().any(|f| matches!(f.at, Trigger::Step(_))) {
             for slot in nodes.slots.iter().filter(|s| s.running()) {
                 if let Some((s, _)) = last_step(&slot.dir.join("metrics.jsonl")) {
                     run_step = run_step.max(s);
@@ -919,7 +915,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
                 .collect();
             println!("progress: {}", steps.join("  "));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(50));
     }
     let outcome = finish(&mut nodes);
     drop(nodes);

@@ -60,8 +60,9 @@ fn lines(path: &Path) -> usize {
         .count()
 }
 
-/// Steps enough that the kill at step 20 comes long before the end.
-const LONG: u64 = 5000;
+/// Steps enough that a kill at step 20 or 40 comes long before the end
+/// (a debug build does hundreds of steps a second here).
+const LONG: u64 = 20000;
 
 #[test]
 fn a_killed_node_is_recorded_and_the_harness_lets_the_others_run_on() {
@@ -189,7 +190,7 @@ fn min_nodes_needs_a_node_that_has_the_flag() {
 fn three_nodes_finish_after_one_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let run = local(&out, 400, "kill 3@40", &[]);
+    let run = local(&out, LONG, "kill 3@40", &[]);
     let t = text(&run);
     assert!(run.status.success(), "{t}");
     let fates = fates(&out);
@@ -204,7 +205,7 @@ fn three_nodes_finish_after_one_is_killed() {
 fn a_killed_and_restarted_node_finishes_with_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let run = local(&out, 400, "kill 3@40; restart 3@0.5s", &[]);
+    let run = local(&out, LONG, "kill 3@40; restart 3@0.5s", &[]);
     let t = text(&run);
     assert!(run.status.success(), "{t}");
     let fates = fates(&out);
