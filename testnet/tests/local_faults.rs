@@ -28,7 +28,11 @@ fn local(out: &Path, steps: u64, faults: &str, extra: &[&str]) -> Output {
         .args(["--steps", &steps.to_string()])
         .args(["--eval-every", "0", "--hidden", "8", "--batch-size", "8"])
         .args(["--join-timeout", "30", "--peer-timeout", "5"])
-        .args(["--faults", faults])
+        .args(if faults.is_empty() {
+            vec![]
+        } else {
+            vec!["--faults", faults]
+        })
         .arg("--slowmo-bin")
         .arg(slowmo_bin())
         .arg("--out")
@@ -214,4 +218,58 @@ fn a_killed_and_restarted_node_finishes_with_the_others() {
     }
     assert_eq!(fates[3]["restarts"], 1);
     assert!(out.join("node-3/metrics.1.jsonl").is_file());
+}
+
+#[test]
+fn resume_after_every_node_was_killed_gives_the_uninterrupted_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 3000;
+    let ckpt = ["--checkpoint-every", "1", "--checkpoint-keep", "2"];
+    let plain = dir.path().join("plain");
+    let run = local(&plain, steps, "", &ckpt);
+    assert!(run.status.success(), "{}", text(&run));
+
+    let broken = dir.path().join("broken");
+    let all = "kill 0@300; kill 1@300; kill 2@300; kill 3@300";
+    let run = local(&broken, steps, all, &ckpt);
+    let t = text(&run);
+    assert!(!run.status.success(), "every node was killed: {t}");
+    assert!(t.contains("no node completed the run"), "{t}");
+    for f in fates(&broken) {
+        assert_eq!(f["fate"], "killed", "{f}\n{t}");
+    }
+    let first_part = lines(&broken.join("node-0/metrics.jsonl"));
+    assert!(first_part > 0 && first_part < steps as usize, "{t}");
+
+    let mut resume = ckpt.to_vec();
+    resume.push("--resume");
+    let run = local(&broken, steps, "", &resume);
+    let t = text(&run);
+    assert!(run.status.success(), "{t}");
+    for i in 0..4 {
+        let node = broken.join(format!("node-{i}"));
+        assert_eq!(
+            std::fs::read(node.join("params.safetensors")).unwrap(),
+            std::fs::read(plain.join(format!("node-{i}/params.safetensors"))).unwrap(),
+            "node-{i}: resumed parameters differ from the uninterrupted run's"
+        );
+        assert!(
+            node.join("metrics.1.jsonl").is_file(),
+            "the first part's metrics are kept"
+        );
+        let log = std::fs::read_to_string(node.join("node.log")).unwrap();
+        assert!(log.contains("resumed from its checkpoints"), "{log}");
+        // It went on from a checkpoint, not from the start.
+        let metrics = std::fs::read_to_string(node.join("metrics.jsonl")).unwrap();
+        let first: Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+        assert!(
+            first["step"].as_u64().unwrap() > 0,
+            "node-{i} began at {first}"
+        );
+    }
+    // Settings that differ from the earlier run's are refused up front.
+    let run = local(&broken, steps + 1, "", &resume);
+    let t = text(&run);
+    assert_eq!(run.status.code(), Some(1), "{t}");
+    assert!(t.contains("--resume") && t.contains("differs"), "{t}");
 }
