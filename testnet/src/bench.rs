@@ -148,6 +148,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             stop_grace: 15,
             metrics_base_port: None,
             no_report: true,
+            faults: None,
+            min_nodes: None,
+            checkpoints: false,
+            checkpoint_every: None,
+            checkpoint_keep: None,
+            resume: false,
         };
         launch(&local).with_context(|| format!("the {label} run"))?;
         let figures = (0..args.nodes)

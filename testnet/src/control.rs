@@ -35,7 +35,8 @@ pub struct Target {
 }
 
 impl Target {
-    fn project(&self) -> anyhow::Result<Project> {
+    /// The compose project (checks the file and the name).
+    pub fn project(&self) -> anyhow::Result<Project> {
         Ok(Project::new(&self.file, &self.project)?)
     }
 }
@@ -148,21 +149,25 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     check_rows(&rows)
 }
 
-/// Fails naming every node that did not exit 0.
+/// Fails naming every node that did not exit 0. A node killed on purpose
+/// (state `killed`: by `chaos`, which logged it, and not restarted) is not
+/// a failure, but at least one node must have exited 0.
 pub fn check_rows(rows: &[ResultRow]) -> anyhow::Result<()> {
     let failed: Vec<String> = rows
         .iter()
-        .filter(|r| r.state != "exited" || r.exit_code != Some(0))
+        .filter(|r| r.state != "killed" && (r.state != "exited" || r.exit_code != Some(0)))
         .map(|r| format!("{} ({} {})", r.node, r.state, r.exit_code.unwrap_or(-1)))
         .collect();
-    if failed.is_empty() {
-        Ok(())
-    } else {
+    if !failed.is_empty() {
         bail!(
             "nodes did not complete: {} (see their log.txt)",
             failed.join(", ")
         )
     }
+    if !rows.is_empty() && rows.iter().all(|r| r.state == "killed") {
+        bail!("every node was killed");
+    }
+    Ok(())
 }
 
 /// Whether a container may still make progress.
@@ -374,7 +379,6 @@ fn apply_rules(
 pub fn partition(args: PartitionArgs) -> anyhow::Result<()> {
     let project = args.target.project()?;
     let containers = project.containers()?;
-    let names: Vec<String> = containers.iter().map(|c| c.service.clone()).collect();
     let mut groups = Vec::new();
     for spec in &args.groups {
         let mut group = Vec::new();
@@ -383,7 +387,19 @@ pub fn partition(args: PartitionArgs) -> anyhow::Result<()> {
         }
         groups.push(group);
     }
-    let side = sides(&groups, &names)?;
+    let described = apply_partition(&containers, &groups)?;
+    eprintln!("partitioned: {described}");
+    Ok(())
+}
+
+/// Cuts each group off from every node outside it (the nodes in no group
+/// form one more group); returns the sides as `node0,node1 | node2,...`.
+pub fn apply_partition(
+    containers: &[ContainerInfo],
+    groups: &[Vec<String>],
+) -> anyhow::Result<String> {
+    let names: Vec<String> = containers.iter().map(|c| c.service.clone()).collect();
+    let side = sides(groups, &names)?;
     let addresses: Vec<Option<String>> = containers.iter().map(|c| c.address.clone()).collect();
     if let Some(c) = containers.iter().find(|c| c.address.is_none()) {
         bail!(
@@ -391,7 +407,7 @@ pub fn partition(args: PartitionArgs) -> anyhow::Result<()> {
             c.service
         );
     }
-    apply_rules(&containers, |i| {
+    apply_rules(containers, |i| {
         let blocked: BTreeSet<String> = (0..containers.len())
             .filter(|&j| side[j] != side[i])
             .filter_map(|j| addresses[j].clone())
@@ -408,17 +424,20 @@ pub fn partition(args: PartitionArgs) -> anyhow::Result<()> {
     if !rest.is_empty() {
         described.push(rest.join(","));
     }
-    eprintln!("partitioned: {}", described.join(" | "));
-    Ok(())
+    Ok(described.join(" | "))
 }
 
 /// `slowmo-testnet heal`: removes every partition.
 pub fn heal(target: &Target) -> anyhow::Result<()> {
     let project = target.project()?;
-    let containers = project.containers()?;
-    apply_rules(&containers, |_| partition_rules(&BTreeSet::new()))?;
+    apply_heal(&project.containers()?)?;
     eprintln!("healed: every node reaches every other");
     Ok(())
+}
+
+/// Removes every partition rule from the running nodes.
+pub fn apply_heal(containers: &[ContainerInfo]) -> anyhow::Result<()> {
+    apply_rules(containers, |_| partition_rules(&BTreeSet::new()))
 }
 
 /// `slowmo-testnet collect`.
@@ -492,10 +511,21 @@ mod tests {
             state: "running".into(),
             ..ok.clone()
         };
-        let err = check_rows(&[ok, bad, running]).unwrap_err().to_string();
+        let killed = ResultRow {
+            node: "node3".into(),
+            state: "killed".into(),
+            ..bad.clone()
+        };
+        let err = check_rows(&[ok.clone(), bad, running, killed.clone()])
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("node1 (exited 137)") && err.contains("node2 (running"),
             "{err}"
         );
+        assert!(!err.contains("node3"), "{err}");
+        assert!(check_rows(&[ok, killed.clone()]).is_ok());
+        let err = check_rows(&[killed]).unwrap_err().to_string();
+        assert!(err.contains("every node was killed"), "{err}");
     }
 }

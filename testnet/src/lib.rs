@@ -2,9 +2,11 @@
 //! fault injection, and the reports that gather what the nodes wrote.
 
 pub mod bench;
+pub mod chaos;
 pub mod compose;
 pub mod control;
 pub mod docker;
+pub mod faults;
 pub mod local;
 pub mod observe;
 pub mod outdir;

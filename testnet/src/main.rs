@@ -43,6 +43,9 @@ enum Command {
     Partition(control::PartitionArgs),
     /// Remove every partition.
     Heal(control::Target),
+    /// Random faults (kill, restart, pause, partition) on a running testnet,
+    /// deterministic from --seed, logged to chaos.jsonl in the results folder.
+    Chaos(slowmo_testnet::chaos::ChaosArgs),
     /// Copy every node's summary, metrics and log into a results folder and
     /// print the table.
     Collect(control::CollectArgs),
@@ -63,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         Command::Resume(args) => control::node_command("resume", args),
         Command::Partition(args) => control::partition(args),
         Command::Heal(target) => control::heal(&target),
+        Command::Chaos(args) => slowmo_testnet::chaos::run(args),
         Command::Collect(args) => control::collect(args),
     }
 }

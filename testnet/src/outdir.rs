@@ -2,7 +2,8 @@
 //! starts, and never shared by two runs (README, "Outputs and stopping").
 //!
 //! A folder that is not empty is refused unless `--force`; with `--force`
-//! the files of an earlier run (`run.toml` and the `node-N` folders) are
+//! the files of an earlier run (`run.toml`, `testnet.json`, `events.jsonl`,
+//! `fates.json`, `results.md`, `results.json` and the `node-N` folders) are
 //! removed first, so that no file of the earlier run stays beside the new
 //! one's.
 
@@ -12,10 +13,12 @@ use anyhow::bail;
 
 /// Whether a folder entry was written by a local run.
 fn is_run_file(name: &str) -> bool {
-    name == "run.toml"
-        || name
-            .strip_prefix("node-")
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    matches!(
+        name,
+        "run.toml" | "testnet.json" | "events.jsonl" | "fates.json" | "results.md" | "results.json"
+    ) || name
+        .strip_prefix("node-")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The entries of `dir` (names), sorted.

@@ -6,14 +6,18 @@
 //! results/
 //!   results.md      the table (markdown)
 //!   results.json    one object per node: state, exit code, limits, summary
+//!   chaos.jsonl     what `slowmo-testnet chaos` did, if it ran
 //!   node0/summary.json metrics.jsonl shaping.txt run.toml log.txt
-//!   node1/...
+//!   node1/...       (metrics.K.jsonl, summary.K.json: earlier lives of a
+//!                    node that chaos restarted)
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use slowmo_runspec::{NodeSummary, ResultRow, results_table};
 
+use crate::chaos::ChaosFate;
 use crate::docker::{self, ContainerInfo};
 
 /// Files copied out of each node's /data.
@@ -54,11 +58,51 @@ pub fn collect(containers: &[ContainerInfo], dir: &Path) -> anyhow::Result<Vec<R
         }
         rows.push(row);
     }
-    let md = dir.join("results.md");
-    std::fs::write(&md, results_table(&rows))
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", md.display()))?;
+    // Nodes that `chaos` killed last stay down on purpose.
+    let chaos = crate::chaos::fates(&crate::chaos::read_log(&dir.join(crate::chaos::LOG_FILE)));
+    let mut md = results_table(&rows);
+    if !chaos.is_empty() {
+        for row in &mut rows {
+            if chaos.get(&row.node).is_some_and(|f| f.down_at_end) && row.state == "exited" {
+                row.state = "killed".into();
+            }
+        }
+        md = results_table(&rows);
+        md.push_str(&chaos_table(&rows, &chaos));
+    }
+    let md_path = dir.join("results.md");
+    std::fs::write(&md_path, md)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", md_path.display()))?;
     let json = dir.join("results.json");
     std::fs::write(&json, serde_json::to_string_pretty(&rows)?)
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", json.display()))?;
     Ok(rows)
+}
+
+/// The per-node account of a chaos run, below the results table.
+pub fn chaos_table(rows: &[ResultRow], chaos: &BTreeMap<String, ChaosFate>) -> String {
+    let mut out = String::from(
+        "\n| node | fate | kills | restarts | pauses | partitions |\n|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let f = chaos.get(&r.node).cloned().unwrap_or_default();
+        let fate = if f.down_at_end {
+            "killed".to_string()
+        } else if r.completed() {
+            if f.restarts > 0 {
+                format!("finished after {} restart(s)", f.restarts)
+            } else {
+                "finished".to_string()
+            }
+        } else if r.state == "running" || r.state == "paused" {
+            r.state.clone()
+        } else {
+            format!("did not finish ({})", r.state)
+        };
+        out.push_str(&format!(
+            "| {} | {fate} | {} | {} | {} | {} |\n",
+            r.node, f.kills, f.restarts, f.pauses, f.partitions
+        ));
+    }
+    out
 }

@@ -196,7 +196,8 @@ pub fn load(dir: &Path) -> anyhow::Result<RunData> {
         );
     }
     let results_md = dir.join("results.md");
-    data.kind = if results_md.is_file() {
+    // A local run's folder holds testnet.json (and now a results.md too).
+    data.kind = if results_md.is_file() && !dir.join("testnet.json").is_file() {
         "compose testnet"
     } else {
         "local testnet"

@@ -1,0 +1,275 @@
+//! `slowmo-testnet local --faults`: the harness kills, restarts and records
+//! nodes as scripted, and a node that dies does not make it stop the
+//! others. What the surviving nodes then do is the transport's business
+//! (they finish once the libp2p view change lands; the tests that assert so
+//! are ignored until then).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+mod local_support;
+use local_support::slowmo_bin;
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A 4-node run of the synthetic default task with a fault script.
+fn local(out: &Path, steps: u64, faults: &str, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["local", "--nodes", "4", "--quiet", "--no-report"])
+        .args(["--steps", &steps.to_string()])
+        .args(["--eval-every", "0", "--hidden", "8", "--batch-size", "8"])
+        .args(["--join-timeout", "30", "--peer-timeout", "5"])
+        .args(if faults.is_empty() {
+            vec![]
+        } else {
+            vec!["--faults", faults]
+        })
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn fates(out: &Path) -> Vec<Value> {
+    let path = out.join("fates.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str::<Vec<Value>>(&text).unwrap()
+}
+
+fn events(out: &Path) -> Vec<Value> {
+    std::fs::read_to_string(out.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// Steps enough that a kill at step 20 or 40 comes long before the end
+/// (a debug build does hundreds of steps a second here).
+const LONG: u64 = 20000;
+
+#[test]
+fn a_killed_node_is_recorded_and_the_harness_lets_the_others_run_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let run = local(&out, LONG, "kill 2@20", &[]);
+    let t = text(&run);
+    assert!(!t.contains("stopped the others"), "{t}");
+
+    let fates = fates(&out);
+    assert_eq!(fates.len(), 4, "{t}");
+    let killed = &fates[2];
+    assert_eq!(killed["node"], "node-2");
+    assert_eq!(killed["fate"], "killed", "{killed}\n{t}");
+    assert_eq!(killed["ended_by"], "fault");
+    assert_eq!(killed["signal"], 9);
+    assert_eq!(killed["kills"], 1);
+    assert_eq!(killed["lives"], 1);
+    let killed_at = killed["ended_at_s"].as_f64().unwrap();
+    for (i, f) in fates.iter().enumerate().filter(|(i, _)| *i != 2) {
+        // Each survivor ended on its own account (finished, or failed in
+        // the transport), never stopped by the harness, and not before
+        // the kill.
+        assert_eq!(f["ended_by"], "self", "node-{i}: {f}\n{t}");
+        assert!(
+            f["fate"] == "finished" || f["fate"] == "failed",
+            "node-{i}: {f}"
+        );
+        assert!(
+            f["ended_at_s"].as_f64().unwrap() >= killed_at,
+            "node-{i}: {f}"
+        );
+        assert_eq!(f["kills"], 0);
+    }
+    // The harness fails exactly when a survivor did not finish.
+    let all_finished = fates
+        .iter()
+        .enumerate()
+        .all(|(i, f)| i == 2 || f["fate"] == "finished");
+    assert_eq!(run.status.success(), all_finished, "{t}");
+
+    let ev = events(&out);
+    assert!(
+        ev.iter()
+            .any(|e| e["action"] == "kill" && e["target"] == "node-2" && e["result"] == "done"),
+        "{ev:?}"
+    );
+    assert_eq!(ev.iter().filter(|e| e["action"] == "exit").count(), 4);
+    // Its metrics up to the kill stay; the table names it.
+    assert!(lines(&out.join("node-2/metrics.jsonl")) >= 19);
+    let md = std::fs::read_to_string(out.join("results.md")).unwrap();
+    assert!(md.contains("| node-2 | killed at "), "{md}");
+}
+
+#[test]
+fn a_restarted_node_keeps_its_earlier_metrics_and_appends_to_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // The restart comes at once after the kill (its time has passed by then).
+    let run = local(&out, LONG, "kill 1@20; restart 1@0.5s", &[]);
+    let t = text(&run);
+    let f = &fates(&out)[1];
+    assert_eq!(f["lives"], 2, "{f}\n{t}");
+    assert_eq!(f["kills"], 1);
+    assert_eq!(f["restarts"], 1);
+    assert_ne!(f["fate"], "killed", "restarted: {f}");
+    let node = out.join("node-1");
+    assert!(
+        lines(&node.join("metrics.1.jsonl")) >= 19,
+        "the first life's metrics are kept"
+    );
+    let log = std::fs::read_to_string(node.join("node.log")).unwrap();
+    let marker = log
+        .find("--- slowmo-testnet: node-1 restarted (life 2)")
+        .unwrap_or_else(|| panic!("no restart marker in the log:\n{log}"));
+    assert!(marker > 0, "the first life's log is kept before the marker");
+    let ev = events(&out);
+    let starts = ev
+        .iter()
+        .filter(|e| e["action"] == "start" && e["target"] == "node-1")
+        .count();
+    assert_eq!(starts, 2, "{ev:?}");
+}
+
+#[test]
+fn a_bad_fault_script_is_refused_before_any_node_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let run = local(&out, 20, "kill 7@5s", &[]);
+    let t = text(&run);
+    assert_eq!(run.status.code(), Some(1), "an error, not a panic: {t}");
+    assert!(
+        t.contains("--faults `kill 7@5s`") && t.contains("no node 7"),
+        "{t}"
+    );
+    assert!(!out.exists(), "{t}");
+}
+
+#[test]
+fn min_nodes_needs_a_node_that_has_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    // A "slowmo" whose `node --help` knows no --min-nodes.
+    let bin = dir.path().join("old-slowmo");
+    std::fs::write(&bin, "#!/bin/sh\necho 'Usage: slowmo node [OPTIONS]'\n").unwrap();
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["local", "--nodes", "4", "--quiet", "--min-nodes", "3"])
+        .arg("--slowmo-bin")
+        .arg(&bin)
+        .arg("--out")
+        .arg(dir.path().join("run"))
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("--min-nodes") && t.contains("leave the flag out"),
+        "{t}"
+    );
+    assert!(!dir.path().join("run").exists(), "{t}");
+}
+
+#[test]
+#[ignore = "needs p2p view change"]
+fn three_nodes_finish_after_one_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let run = local(&out, LONG, "kill 3@40", &[]);
+    let t = text(&run);
+    assert!(run.status.success(), "{t}");
+    let fates = fates(&out);
+    assert_eq!(fates[3]["fate"], "killed", "{t}");
+    for f in &fates[..3] {
+        assert_eq!(f["fate"], "finished", "{f}\n{t}");
+    }
+}
+
+#[test]
+#[ignore = "needs p2p view change"]
+fn a_killed_and_restarted_node_finishes_with_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let run = local(&out, LONG, "kill 3@40; restart 3@0.5s", &[]);
+    let t = text(&run);
+    assert!(run.status.success(), "{t}");
+    let fates = fates(&out);
+    for f in &fates {
+        assert_eq!(f["fate"], "finished", "{f}\n{t}");
+    }
+    assert_eq!(fates[3]["restarts"], 1);
+    assert!(out.join("node-3/metrics.1.jsonl").is_file());
+}
+
+#[test]
+fn resume_after_every_node_was_killed_gives_the_uninterrupted_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 3000;
+    let ckpt = ["--checkpoint-every", "1", "--checkpoint-keep", "2"];
+    let plain = dir.path().join("plain");
+    let run = local(&plain, steps, "", &ckpt);
+    assert!(run.status.success(), "{}", text(&run));
+
+    let broken = dir.path().join("broken");
+    let all = "kill 0@300; kill 1@300; kill 2@300; kill 3@300";
+    let run = local(&broken, steps, all, &ckpt);
+    let t = text(&run);
+    assert!(!run.status.success(), "every node was killed: {t}");
+    assert!(t.contains("no node completed the run"), "{t}");
+    for f in fates(&broken) {
+        assert_eq!(f["fate"], "killed", "{f}\n{t}");
+    }
+    let first_part = lines(&broken.join("node-0/metrics.jsonl"));
+    assert!(first_part > 0 && first_part < steps as usize, "{t}");
+
+    let mut resume = ckpt.to_vec();
+    resume.push("--resume");
+    let run = local(&broken, steps, "", &resume);
+    let t = text(&run);
+    assert!(run.status.success(), "{t}");
+    for i in 0..4 {
+        let node = broken.join(format!("node-{i}"));
+        assert_eq!(
+            std::fs::read(node.join("params.safetensors")).unwrap(),
+            std::fs::read(plain.join(format!("node-{i}/params.safetensors"))).unwrap(),
+            "node-{i}: resumed parameters differ from the uninterrupted run's"
+        );
+        assert!(
+            node.join("metrics.1.jsonl").is_file(),
+            "the first part's metrics are kept"
+        );
+        let log = std::fs::read_to_string(node.join("node.log")).unwrap();
+        assert!(log.contains("resumed from its checkpoints"), "{log}");
+        // It went on from a checkpoint, not from the start.
+        let metrics = std::fs::read_to_string(node.join("metrics.jsonl")).unwrap();
+        let first: Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+        assert!(
+            first["step"].as_u64().unwrap() > 0,
+            "node-{i} began at {first}"
+        );
+    }
+    // Settings that differ from the earlier run's are refused up front.
+    let run = local(&broken, steps + 1, "", &resume);
+    let t = text(&run);
+    assert_eq!(run.status.code(), Some(1), "{t}");
+    assert!(t.contains("--resume") && t.contains("differs"), "{t}");
+}
