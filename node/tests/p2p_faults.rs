@@ -82,7 +82,11 @@ fn steps_done(metrics: &Path) -> usize {
 fn wait_for_steps(node: &Node, steps: usize) {
     let until = Instant::now() + Duration::from_secs(120);
     while steps_done(&node.metrics) < steps {
-        assert!(Instant::now() < until, "{} never reached step {steps}", node.name);
+        assert!(
+            Instant::now() < until,
+            "{} never reached step {steps}",
+            node.name
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -91,8 +95,8 @@ fn finish(node: &mut Node, dir: &Path) -> Value {
     let until = Instant::now() + Duration::from_secs(240);
     loop {
         if let Some(status) = node.child.try_wait().unwrap() {
-            let log = std::fs::read_to_string(dir.join(format!("{}.log", node.name)))
-                .unwrap_or_default();
+            let log =
+                std::fs::read_to_string(dir.join(format!("{}.log", node.name))).unwrap_or_default();
             assert!(status.success(), "{} failed ({status}):\n{log}", node.name);
             break;
         }
@@ -171,6 +175,9 @@ fn a_killed_node_restarted_with_its_identity_rejoins() {
     }
     // The run ends with one model: the restarted node holds the same
     // final parameters as the others.
-    let bytes: Vec<Vec<u8>> = nodes.iter().map(|n| std::fs::read(&n.params).unwrap()).collect();
+    let bytes: Vec<Vec<u8>> = nodes
+        .iter()
+        .map(|n| std::fs::read(&n.params).unwrap())
+        .collect();
     assert!(bytes.windows(2).all(|w| w[0] == w[1]));
 }

@@ -94,8 +94,7 @@ pub struct LocalArgs {
     /// step N), or a file holding such lines.
     #[arg(long, value_name = "SCRIPT")]
     pub faults: Option<String>,
-    /// Passed to every node: the fewest members the run trains with (needs
-    /// a slowmo binary that has `node --min-nodes`).
+    /// Passed to every node: the fewest members the run trains with.
     #[arg(long)]
     pub min_nodes: Option<usize>,
     /// Every node writes checkpoints into node-N/checkpoints (implied by the
@@ -599,16 +598,6 @@ fn fault_script(args: &LocalArgs) -> anyhow::Result<Vec<ScriptedFault>> {
     crate::faults::parse_script(&text, args.nodes).map_err(|e| anyhow::anyhow!(e))
 }
 
-/// Whether the slowmo binary's `node` command takes `flag`.
-fn node_has_flag(bin: &Path, flag: &str) -> anyhow::Result<bool> {
-    let out = Command::new(bin)
-        .args(["node", "--help"])
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {} node --help", bin.display()))?;
-    Ok(String::from_utf8_lossy(&out.stdout).contains(flag))
-}
-
 /// Launches the nodes, carries out the fault script, waits until every
 /// node has exited, and returns what became of each.
 pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
@@ -628,13 +617,6 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
             bail!(
                 "--min-nodes {m}: must be between 1 and --nodes {}",
                 args.nodes
-            );
-        }
-        if !node_has_flag(&bin, "--min-nodes")? {
-            bail!(
-                "--min-nodes: {} has no `node --min-nodes` (this build cannot pause below a \
-                 number of members); leave the flag out",
-                bin.display()
             );
         }
     }

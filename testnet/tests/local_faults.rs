@@ -1,8 +1,7 @@
 //! `slowmo-testnet local --faults`: the harness kills, restarts and records
 //! nodes as scripted, and a node that dies does not make it stop the
-//! others. What the surviving nodes then do is the transport's business
-//! (they finish once the libp2p view change lands; the tests that assert so
-//! are ignored until then).
+//! others; the survivors change view and finish, and a restarted node is
+//! admitted again and finishes with them.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -64,9 +63,10 @@ fn lines(path: &Path) -> usize {
         .count()
 }
 
-/// Steps enough that a kill at step 20 or 40 comes long before the end
-/// (a debug build does hundreds of steps a second here).
-const LONG: u64 = 20000;
+/// Steps enough that a kill at step 20 comes long before the end (a debug
+/// build does hundreds of steps a second here), few enough that the
+/// survivors finish soon after the view change.
+const LONG: u64 = 1500;
 
 #[test]
 fn a_killed_node_is_recorded_and_the_harness_lets_the_others_run_on() {
@@ -87,26 +87,17 @@ fn a_killed_node_is_recorded_and_the_harness_lets_the_others_run_on() {
     assert_eq!(killed["lives"], 1);
     let killed_at = killed["ended_at_s"].as_f64().unwrap();
     for (i, f) in fates.iter().enumerate().filter(|(i, _)| *i != 2) {
-        // Each survivor ended on its own account (finished, or failed in
-        // the transport), never stopped by the harness, and not before
-        // the kill.
+        // Each survivor went on in a view of three and finished on its own
+        // account, never stopped by the harness, and not before the kill.
         assert_eq!(f["ended_by"], "self", "node-{i}: {f}\n{t}");
-        assert!(
-            f["fate"] == "finished" || f["fate"] == "failed",
-            "node-{i}: {f}"
-        );
+        assert_eq!(f["fate"], "finished", "node-{i}: {f}\n{t}");
         assert!(
             f["ended_at_s"].as_f64().unwrap() >= killed_at,
             "node-{i}: {f}"
         );
         assert_eq!(f["kills"], 0);
     }
-    // The harness fails exactly when a survivor did not finish.
-    let all_finished = fates
-        .iter()
-        .enumerate()
-        .all(|(i, f)| i == 2 || f["fate"] == "finished");
-    assert_eq!(run.status.success(), all_finished, "{t}");
+    assert!(run.status.success(), "{t}");
 
     let ev = events(&out);
     assert!(
@@ -126,13 +117,25 @@ fn a_restarted_node_keeps_its_earlier_metrics_and_appends_to_its_log() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     // The restart comes at once after the kill (its time has passed by then).
-    let run = local(&out, LONG, "kill 1@20; restart 1@0.5s", &[]);
+    // Over TCP the kill is noticed at once; over QUIC a restart that comes
+    // before the survivors noticed the loss is not reliably admitted yet
+    // (README, "Lost peers").
+    let run = local(
+        &out,
+        LONG,
+        "kill 1@20; restart 1@0.5s",
+        &["--transport", "tcp"],
+    );
     let t = text(&run);
     let f = &fates(&out)[1];
     assert_eq!(f["lives"], 2, "{f}\n{t}");
     assert_eq!(f["kills"], 1);
     assert_eq!(f["restarts"], 1);
-    assert_ne!(f["fate"], "killed", "restarted: {f}");
+    assert!(run.status.success(), "{t}");
+    // The restart was admitted again and finished with the others.
+    for (i, f) in fates(&out).iter().enumerate() {
+        assert_eq!(f["fate"], "finished", "node-{i}: {f}\n{t}");
+    }
     let node = out.join("node-1");
     assert!(
         lines(&node.join("metrics.1.jsonl")) >= 19,
@@ -163,61 +166,6 @@ fn a_bad_fault_script_is_refused_before_any_node_starts() {
         "{t}"
     );
     assert!(!out.exists(), "{t}");
-}
-
-#[test]
-fn min_nodes_needs_a_node_that_has_the_flag() {
-    let dir = tempfile::tempdir().unwrap();
-    // A "slowmo" whose `node --help` knows no --min-nodes.
-    let bin = dir.path().join("old-slowmo");
-    std::fs::write(&bin, "#!/bin/sh\necho 'Usage: slowmo node [OPTIONS]'\n").unwrap();
-    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
-        .args(["local", "--nodes", "4", "--quiet", "--min-nodes", "3"])
-        .arg("--slowmo-bin")
-        .arg(&bin)
-        .arg("--out")
-        .arg(dir.path().join("run"))
-        .output()
-        .unwrap();
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{t}");
-    assert!(
-        t.contains("--min-nodes") && t.contains("leave the flag out"),
-        "{t}"
-    );
-    assert!(!dir.path().join("run").exists(), "{t}");
-}
-
-#[test]
-#[ignore = "needs p2p view change"]
-fn three_nodes_finish_after_one_is_killed() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("run");
-    let run = local(&out, LONG, "kill 3@40", &[]);
-    let t = text(&run);
-    assert!(run.status.success(), "{t}");
-    let fates = fates(&out);
-    assert_eq!(fates[3]["fate"], "killed", "{t}");
-    for f in &fates[..3] {
-        assert_eq!(f["fate"], "finished", "{f}\n{t}");
-    }
-}
-
-#[test]
-#[ignore = "needs p2p view change"]
-fn a_killed_and_restarted_node_finishes_with_the_others() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("run");
-    let run = local(&out, LONG, "kill 3@40; restart 3@0.5s", &[]);
-    let t = text(&run);
-    assert!(run.status.success(), "{t}");
-    let fates = fates(&out);
-    for f in &fates {
-        assert_eq!(f["fate"], "finished", "{f}\n{t}");
-    }
-    assert_eq!(fates[3]["restarts"], 1);
-    assert!(out.join("node-3/metrics.1.jsonl").is_file());
 }
 
 #[test]

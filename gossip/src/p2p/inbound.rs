@@ -138,10 +138,14 @@ async fn serve_one(
         view_for(shared, header.view).await?
     } else {
         // check_header names what is wrong.
-        shared.view.borrow().clone().ok_or(ReadError::Rejected(Reject::View {
-            expected: 0,
-            got: header.view,
-        }))?
+        shared
+            .view
+            .borrow()
+            .clone()
+            .ok_or(ReadError::Rejected(Reject::View {
+                expected: 0,
+                got: header.view,
+            }))?
     };
     let from =
         check_header(&shared.cfg, &view, &peer, &header, protocol).map_err(ReadError::Rejected)?;
@@ -161,7 +165,13 @@ async fn serve_one(
     if protocol == PUSH_SUM_PROTOCOL {
         shared
             .push_inbox
-            .deliver_in(view.number, header.round, from, header.weight, LeBytes(payload))
+            .deliver_in(
+                view.number,
+                header.round,
+                from,
+                header.weight,
+                LeBytes(payload),
+            )
             .map_err(refused)?;
     } else {
         let msg = ReduceMsg {

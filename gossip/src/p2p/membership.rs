@@ -330,8 +330,10 @@ impl Membership {
             .is_some_and(|i| *i != 0 && *i != hello.instance)
         {
             // A new process behind a member's identity: the old one is gone.
-            self.shared
-                .lose(&peer, "a new process with its identity said hello (a restart)");
+            self.shared.restarted(
+                &peer,
+                "a new process with its identity said hello (a restart)",
+            );
         }
         match &hello.proposal {
             Some(p) => st.proposals.insert(peer, p.clone()),

@@ -361,7 +361,6 @@ impl P2pComm {
             && let Some(peer) = self.view.members.get(*rank)
         {
             self.shared.observed.timed_out(peer);
-            self.shared.suspect(peer);
         }
         result
     }
@@ -481,7 +480,12 @@ impl PendingJoin {
             } else {
                 Arc::new(View {
                     number: view.number,
-                    members: view.members.iter().filter(|p| **p != local).copied().collect(),
+                    members: view
+                        .members
+                        .iter()
+                        .filter(|p| **p != local)
+                        .copied()
+                        .collect(),
                 })
             },
             rank: rank.unwrap_or(0),
@@ -577,7 +581,6 @@ pub(crate) fn block_on_active<F: std::future::Future>(
                 Err(_) => {
                     if shared.activity.deadline(peer, started, limit) <= std::time::Instant::now() {
                         shared.observed.timed_out(peer);
-                        shared.suspect(peer);
                         return Err(Stopped::Silent);
                     }
                 }

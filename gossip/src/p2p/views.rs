@@ -9,8 +9,9 @@
 //!   knows. Every member sends its report to every member it does not
 //!   suspect, so a report also tells the receiver to stop and change.
 //! - [`ViewMsg::Decided`]: the coordinator (the lowest-ranked member of `v`
-//!   nobody it heard from suspects) waited for the reports of every member
-//!   it does not suspect (at most the peer timeout), checked the quorum,
+//!   not suspected: a closed connection, or no report of its own within the
+//!   peer timeout) waited for the reports of every member it does not
+//!   suspect (at most the peer timeout), checked the quorum,
 //!   and hands out view `v + 1`: the members that reported in their old
 //!   order, then the joiners; the barrier everybody returns to (the oldest
 //!   newest barrier among them); who was lost and who joined.
@@ -79,11 +80,19 @@ pub(crate) struct Decision {
 pub(crate) enum ViewMsg {
     Report(Report),
     Decided(Decision),
-    Excluded { view: u64, reason: String },
+    Excluded {
+        view: u64,
+        reason: String,
+    },
     /// The run cannot go on (fewer members than `--min-nodes` and nobody
     /// joined in time): every member stops with the reason.
-    Stop { view: u64, reason: String },
-    Join { addrs: Vec<String> },
+    Stop {
+        view: u64,
+        reason: String,
+    },
+    Join {
+        addrs: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,6 +124,9 @@ pub(crate) struct BoardState {
     stopped: Option<(u64, String)>,
     /// Nodes outside the view that asked to join, with their addresses.
     joiners: BTreeMap<PeerId, Vec<String>>,
+    /// Peers admitted in the current view (a join request they repeated
+    /// before they heard of it is no restart).
+    fresh: HashSet<PeerId>,
     /// A state received while joining: (view, sender, bytes).
     state_in: Option<(u64, PeerId, Vec<u8>)>,
 }
@@ -162,8 +174,25 @@ impl Shared {
         }
     }
 
-    /// A wait on `peer` timed out: suspect it (the view change that follows
-    /// leaves it out unless it reports).
+    /// A new process runs behind member `peer`'s identity: the old one is
+    /// lost, and its connection (which may look alive for a while, QUIC
+    /// sees no close from a killed process) is dropped so that streams go
+    /// to the new one, which dials again.
+    pub fn restarted(&self, peer: &PeerId, reason: &str) {
+        self.lose(peer, reason);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (swarm, peer) = (self.swarm.clone(), *peer);
+            rt.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let _ = swarm.send(super::behaviour::SwarmCmd::Disconnect(peer));
+            });
+        }
+    }
+
+    /// `peer` (a coordinator) stayed silent during a view change: the next
+    /// member coordinates. (A timed-out data-plane wait suspects nobody: the
+    /// peer waited for may itself wait on the one that is gone; whoever does
+    /// not report during the change is left out.)
     pub fn suspect(&self, peer: &PeerId) {
         if *peer != self.local {
             lock(&self.views.0).suspects.insert(*peer);
@@ -265,6 +294,7 @@ fn on_view_msg(
             if r.view == ours && !member_of(&view) {
                 return Err(format!("report about view {ours} from a non-member"));
             }
+            tracing::debug!(%peer, view = r.view, "report from {peer} on view {}", r.view);
             let mut b = lock(&shared.views.0);
             b.reports.entry(r.view).or_default().insert(peer, r.clone());
             drop(b);
@@ -323,10 +353,10 @@ fn on_view_msg(
             if !membership.is_verified(&peer) {
                 return Err("join request from a peer that did not pass the handshake".into());
             }
-            if member_of(&view) {
+            if member_of(&view) && !lock(&shared.views.0).fresh.contains(&peer) {
                 // Our member asks to join: a new process behind its identity
                 // (the old one is gone), or it was excluded.
-                shared.lose(&peer, "it asks to join again (restarted)");
+                shared.restarted(&peer, "it asks to join again (restarted)");
             }
             let mut b = lock(&shared.views.0);
             if !b.joiners.contains_key(&peer) {
@@ -458,15 +488,45 @@ pub(crate) fn has_quorum(old: &[PeerId], live: &[PeerId]) -> bool {
 }
 
 impl super::P2pComm {
+    /// Sends `msg` to `peer` in the background, trying again (a stream can
+    /// be dropped by a busy receiver) for up to the peer timeout; a report
+    /// that never gets through makes us suspect the peer.
     fn spawn_send(&self, peer: PeerId, msg: ViewMsg, suspect_on_failure: bool) {
         let control = self.control.clone();
         let shared = self.shared.clone();
         let Some(rt) = self.rt.as_ref() else { return };
+        let (interval, what) = match &msg {
+            ViewMsg::Join { .. } => (Duration::ZERO, "join request".to_string()),
+            ViewMsg::Report(r) => (
+                shared.cfg.peer_timeout,
+                format!("report on view {}", r.view),
+            ),
+            ViewMsg::Decided(d) => (
+                shared.cfg.peer_timeout,
+                format!("decision of view {}", d.number),
+            ),
+            ViewMsg::Excluded { view, .. } => (
+                shared.cfg.peer_timeout,
+                format!("exclusion from view {view}"),
+            ),
+            ViewMsg::Stop { view, .. } => (shared.cfg.peer_timeout, format!("stop of view {view}")),
+        };
         rt.spawn(async move {
-            if let Err(e) = send(control, peer, msg).await {
-                tracing::debug!(%peer, "view message to {peer}: {e}");
-                if suspect_on_failure {
-                    shared.suspect(&peer);
+            let started = Instant::now();
+            loop {
+                match send(control.clone(), peer, msg.clone()).await {
+                    Ok(()) => return,
+                    Err(e) if started.elapsed() >= interval => {
+                        tracing::debug!(%peer, "{what} to {peer} failed: {e}");
+                        if suspect_on_failure {
+                            shared.suspect(&peer);
+                        }
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(%peer, "{what} to {peer} failed, trying again: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
                 }
             }
         });
@@ -548,8 +608,7 @@ impl super::P2pComm {
             // Tell every member we do not suspect (again when we hear of
             // more joiners).
             for peer in old.members.iter().filter(|p| **p != me) {
-                if !suspects.contains(peer)
-                    && reported.get(peer).is_none_or(|n| *n < joiners.len())
+                if !suspects.contains(peer) && reported.get(peer).is_none_or(|n| *n < joiners.len())
                 {
                     reported.insert(*peer, joiners.len());
                     let report = Report {
@@ -623,6 +682,11 @@ impl super::P2pComm {
                         );
                     }
                 }
+            } else if !self.heard_from(old.number, &coord) && since.elapsed() >= timeout {
+                // A live coordinator reports as soon as it hears of the
+                // change; one that stays silent is gone.
+                tracing::warn!(%coord, "coordinator {coord} sent no report within {timeout:?}; suspecting it");
+                self.shared.suspect(&coord);
             } else if since.elapsed()
                 >= 2 * timeout
                     + SEND_TIMEOUT
@@ -639,14 +703,16 @@ impl super::P2pComm {
         }
     }
 
+    fn heard_from(&self, view: u64, peer: &PeerId) -> bool {
+        lock(&self.shared.views.0)
+            .reports
+            .get(&view)
+            .is_some_and(|r| r.contains_key(peer))
+    }
+
     /// The members of view `old` that go on: those we heard from and do
     /// not suspect, in their old order.
-    fn live(
-        &self,
-        old: &View,
-        heard: &HashSet<PeerId>,
-        suspects: &HashSet<PeerId>,
-    ) -> Vec<PeerId> {
+    fn live(&self, old: &View, heard: &HashSet<PeerId>, suspects: &HashSet<PeerId>) -> Vec<PeerId> {
         let me = self.shared.local;
         old.members
             .iter()
@@ -766,10 +832,10 @@ impl super::P2pComm {
     fn dial(&self, peer: &PeerId, addrs: &[String]) {
         let addrs: Vec<Multiaddr> = addrs.iter().filter_map(|a| a.parse().ok()).collect();
         if !addrs.is_empty() {
-            let _ = self.shared.swarm.send(super::behaviour::SwarmCmd::Dial {
-                peer: *peer,
-                addrs,
-            });
+            let _ = self
+                .shared
+                .swarm
+                .send(super::behaviour::SwarmCmd::Dial { peer: *peer, addrs });
         }
     }
 
@@ -799,6 +865,11 @@ impl super::P2pComm {
             number: d.number,
             members,
         });
+        lock(&self.shared.views.0).fresh = d
+            .joined
+            .iter()
+            .filter_map(|p| p.parse::<PeerId>().ok())
+            .collect();
         self.pending_joiners = d
             .joined
             .iter()
@@ -854,7 +925,9 @@ impl super::P2pComm {
                         .open_stream(peer, StreamProtocol::new(STATE_PROTOCOL))
                         .await
                         .map_err(|e| e.to_string())?;
-                    write_msg(&mut s, &header).await.map_err(|e| e.to_string())?;
+                    write_msg(&mut s, &header)
+                        .await
+                        .map_err(|e| e.to_string())?;
                     s.write_all(state).await.map_err(|e| e.to_string())?;
                     s.flush().await.map_err(|e| e.to_string())?;
                     let mut ack = [0u8; 1];
@@ -933,7 +1006,10 @@ impl super::P2pComm {
         loop {
             {
                 let mut b = lock(&self.shared.views.0);
-                if b.state_in.as_ref().is_some_and(|(v, _, _)| *v == view.number) {
+                if b.state_in
+                    .as_ref()
+                    .is_some_and(|(v, _, _)| *v == view.number)
+                {
                     let (_, from, state) = b.state_in.take().expect("checked");
                     tracing::info!(%from, bytes = state.len(), "received the training state from {from}");
                     b.decided.clear();

@@ -132,7 +132,8 @@ fn a_restarted_member_is_admitted_again_with_the_state() {
         let admission = c.rejoin().expect("admitted");
         let mut buf = vec![(c.rank() + 1) as f32; PAYLOAD];
         let mut w = 1.0;
-        c.all_reduce_sum(&mut buf, &mut w).expect("all-reduce in the new view");
+        c.all_reduce_sum(&mut buf, &mut w)
+            .expect("all-reduce in the new view");
         (c, admission, buf[0])
     });
     let handles: Vec<_> = survivors
@@ -201,7 +202,10 @@ fn an_outsider_cannot_take_part_without_being_admitted() {
     let err = outsider.all_reduce_sum(&mut buf, &mut w).unwrap_err();
     assert!(err.to_string().contains("outside the run"), "{err}");
     assert_eq!(buf[0], 1.0);
-    assert!(matches!(outsider.change_view(0), Ok(ViewChange::Excluded(_))));
+    assert!(matches!(
+        outsider.change_view(0),
+        Ok(ViewChange::Excluded(_))
+    ));
     drop(outsider);
     shutdown_all(comms.into_iter().map(|(_, c)| c).collect());
 }
