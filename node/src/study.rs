@@ -302,6 +302,7 @@ pub struct Settings {
     pub batch_size: usize,
     pub tau: u64,
     pub sgd_lr: f32,
+    pub sgd_momentum: f32,
     pub adam_lr: f32,
     pub hidden: Vec<usize>,
     pub seeds: u64,
@@ -716,14 +717,22 @@ pub fn run_paper(args: PaperArgs) -> anyhow::Result<StudyTable> {
             ds.test.len(),
         );
     }
-    let c = &plan[0].1;
+    // SlowMo over Local SGD shows the shared settings (the first run may
+    // be AR-SGD's tau 1 or Local Adam's learning rate)
+    let reference = Variant {
+        model: args.models[0],
+        base: StudyBase::LocalSgd,
+        beta: Some(args.betas[0]),
+    };
+    let c = &run_options(&shared, &reference, 1, args.adam_lr).resolve()?;
     let settings = Settings {
         dataset: c.dataset,
         workers: c.workers,
         steps: c.steps,
         batch_size: c.batch_size,
         tau: c.algorithm.slowmo.tau,
-        sgd_lr: shared.lr.unwrap_or(c.lr),
+        sgd_lr: c.lr,
+        sgd_momentum: c.optimizer.momentum,
         adam_lr: args.adam_lr,
         hidden: c.hidden.clone(),
         seeds: seeds.len() as u64,

@@ -66,6 +66,38 @@ fn run_tiny(out: &Path) -> String {
     stdout
 }
 
+/// Chromium from Debian (`apt-get install chromium`), if installed.
+fn chromium() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// The DOM headless Chromium builds from the page; `None` (and a note)
+/// without a browser, a failure under `CI=true`.
+fn rendered_dom(page: &Path) -> Option<String> {
+    let Some(browser) = chromium() else {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("chromium is not installed (.ci/run installs it with apt-get)");
+        }
+        eprintln!("skipped the browser check: no chromium (apt-get install chromium)");
+        return None;
+    };
+    let out = Command::new(browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("file://{}", page.canonicalize().unwrap().display()))
+        .output()
+        .expect("running chromium");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8(out.stdout).expect("the DOM is UTF-8"))
+}
+
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -141,6 +173,17 @@ fn a_tiny_study_writes_the_table_chooses_on_validation_and_resumes() {
         page.contains("id=\"plot-accuracy\"") && page.contains("class=\"whisker\""),
         "the page has no chart with error bars"
     );
+    if let Some(dom) = rendered_dom(&out.join("report.html")) {
+        let figure = dom
+            .split("<figure id=\"plot-accuracy\">")
+            .nth(1)
+            .and_then(|f| f.split("</figure>").next())
+            .expect("the browser has the accuracy chart");
+        // 2 bases, plain and SlowMo: 4 bars, each with its whisker
+        assert_eq!(figure.matches("class=\"bar\"").count(), 4, "{figure}");
+        assert_eq!(figure.matches("class=\"whisker\"").count(), 4, "{figure}");
+        assert!(dom.contains("<table>") && dom.contains("Local SGD"));
+    }
     // a run folder is a simulate output that `slowmo report` reads
     let run = out.join("runs").join("mlp-sgp-beta0.5-seed2");
     for f in [

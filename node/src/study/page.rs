@@ -24,7 +24,7 @@ fn loss(mean: f64, std: f64) -> String {
 pub fn caption(t: &StudyTable) -> String {
     let s = &t.settings;
     format!(
-        "{} simulated workers, {}, {} base steps, batch {} per worker, tau {}, SGD lr {} (momentum 0.9), Adam lr {}, MLP hidden {:?}; \
+        "{} simulated workers, {}, {} base steps, batch {} per worker, tau {}, SGD lr {} (momentum {}), Adam lr {}, MLP hidden {:?}; \
          {} seeds per row (mean ± sample std); beta chosen per row from {{{}}} by mean validation accuracy on {} training images held out \
          (training on the other {}); test accuracy of the exactly averaged model on the {} test images.",
         s.workers,
@@ -33,6 +33,7 @@ pub fn caption(t: &StudyTable) -> String {
         s.batch_size,
         s.tau,
         s.sgd_lr,
+        s.sgd_momentum,
         s.adam_lr,
         s.hidden,
         s.seeds,
