@@ -14,6 +14,7 @@
 mod page;
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -687,14 +688,17 @@ pub fn run_paper(args: PaperArgs) -> anyhow::Result<StudyTable> {
         } else {
             0
         };
-        if !loaded.contains_key(&data_key) {
-            loaded.insert(data_key, load_dataset(config)?);
-        }
-        if !split_of.contains_key(&config.seed) {
-            let (train, val) = hold_out(&loaded[&data_key], validation, config.seed)?;
-            split_of.insert(config.seed, (Arc::new(train), Arc::new(val)));
-        }
-        let (train, val) = split_of[&config.seed].clone();
+        let all = match loaded.entry(data_key) {
+            Entry::Occupied(e) => e.get().clone(),
+            Entry::Vacant(e) => e.insert(load_dataset(config)?).clone(),
+        };
+        let (train, val) = match split_of.entry(config.seed) {
+            Entry::Occupied(e) => e.get().clone(),
+            Entry::Vacant(e) => {
+                let (train, val) = hold_out(&all, validation, config.seed)?;
+                e.insert((Arc::new(train), Arc::new(val))).clone()
+            }
+        };
         sizes = (train.train.len(), train.test.len());
         let r = run_one(config, v, train, &val, &dir).with_context(|| format!("run {key}"))?;
         if !args.quiet {
