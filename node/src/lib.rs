@@ -16,6 +16,7 @@ pub mod report;
 pub mod run_cmd;
 pub mod simulate;
 pub mod stopping;
+pub mod study;
 pub mod sweep;
 pub mod topology_cmd;
 pub mod train;

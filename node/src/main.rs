@@ -22,6 +22,8 @@ enum Command {
     Bench(slowmo_node::bench_cmd::BenchArgs),
     /// Write an HTML report with plots of a run folder.
     Report(slowmo_node::report::ReportArgs),
+    /// Studies over many simulated runs: the paper's table with error bars.
+    Study(slowmo_node::study::StudyArgs),
 }
 
 /// Sets candle's compute threads unless the user chose already. Many
@@ -42,9 +44,11 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match &cli.command {
         Command::Simulate(_) => set_compute_threads(1),
-        Command::Topology(_) | Command::Bench(_) | Command::Report(_) | Command::Run(_) => {
-            set_compute_threads(1)
-        }
+        Command::Topology(_)
+        | Command::Bench(_)
+        | Command::Report(_)
+        | Command::Run(_)
+        | Command::Study(_) => set_compute_threads(1),
         Command::Node(args) => {
             if let Some(n) = args.threads {
                 set_compute_threads(n.max(1));
@@ -71,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::Topology(args) => slowmo_node::topology_cmd::run(args),
         Command::Bench(args) => slowmo_node::bench_cmd::run(args),
         Command::Report(args) => slowmo_node::report::run(args),
+        Command::Study(args) => slowmo_node::study::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

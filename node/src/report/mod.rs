@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use slowmo_runspec::StepRecord;
 
+pub use html::{escape, markdown_table};
 pub use load::{NodeSeries, RunData, fault_steps, load};
 use plots::{Chart, Line, Marker, MarkerKind};
 
