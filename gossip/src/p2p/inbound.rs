@@ -125,7 +125,7 @@ async fn serve_one(
     if protocol == PUSH_SUM_PROTOCOL {
         shared
             .push_inbox
-            .deliver(header.round, from, header.weight, LeBytes(payload))
+            .deliver(header.round, from, header.weight, LeBytes::whole(payload))
             .map_err(|r| ReadError::Rejected(r.into()))?;
     } else {
         let msg = ReduceMsg {

@@ -38,6 +38,7 @@ mod fuzz_knock;
 mod gather;
 mod identity;
 mod inbound;
+pub mod lane;
 mod links;
 mod membership;
 mod observe;
@@ -58,6 +59,7 @@ pub use admission::{
     read_allowlist,
 };
 pub use config::{MetricsRegistry, P2pConfig, RunIdentity};
+pub use lane::DataLane;
 pub use observe::{P2pObserver, PeerTraffic, reason_name};
 
 use crate::ledger::{Ledger, Mixing, Waiting};
@@ -72,6 +74,8 @@ use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank,
 
 /// Frames a push-sum link may queue before the training thread waits.
 const PUSH_QUEUE: usize = 16;
+/// Frames the all-reduce link may queue (chunks in flight to the right).
+const RING_QUEUE: usize = 4;
 
 /// A node of a run over libp2p. See the [module docs](self).
 ///
@@ -158,6 +162,12 @@ impl P2pComm {
             let mut control = swarm.behaviour().stream.new_control();
             inbound::spawn_acceptors(&shared, &mut control).map_err(CommError::Other)?;
             membership.spawn_acceptor(&mut control)?;
+            if let Some(lanes) = lane::Lanes::start(&shared, &mut control, listen.clone())
+                .await
+                .map_err(CommError::Other)?
+            {
+                let _ = shared.lanes.set(lanes);
+            }
             tokio::spawn(behaviour::run_swarm(
                 swarm,
                 swarm_rx,
@@ -344,7 +354,7 @@ impl P2pComm {
             x,
             w,
             op,
-            &mut |share| pool.give(share.0),
+            &mut |share| share.recycle(pool),
         );
         if let Err(CommError::PeerTimeout { rank, .. }) = &result
             && let Some(peer) = self.view.members.get(*rank)
@@ -455,30 +465,28 @@ impl PendingJoin {
         })?;
         let m = view.members.len();
         let guard = rt.enter();
+        let lanes = self.shared.lanes.get().cloned();
+        if let Some(lanes) = &lanes {
+            lanes.connect_view(&self.shared, &self.control, &view);
+        }
+        let spawn = |peer: PeerId, protocol: &'static str, depth: usize| match &lanes {
+            Some(lanes) => lane::spawn_link(self.shared.clone(), lanes.clone(), peer, depth),
+            None => Link::spawn(
+                self.shared.clone(),
+                self.control.clone(),
+                peer,
+                StreamProtocol::new(protocol),
+                depth,
+            ),
+        };
         let push_links = view
             .members
             .iter()
-            .map(|peer| {
-                (*peer != local).then(|| {
-                    Link::spawn(
-                        self.shared.clone(),
-                        self.control.clone(),
-                        *peer,
-                        StreamProtocol::new(PUSH_SUM_PROTOCOL),
-                        PUSH_QUEUE,
-                    )
-                })
-            })
+            .map(|peer| (*peer != local).then(|| spawn(*peer, PUSH_SUM_PROTOCOL, PUSH_QUEUE)))
             .collect();
         let ring_link = (m > 1).then(|| {
             let right = view.members[(rank + 1) % m];
-            Link::spawn(
-                self.shared.clone(),
-                self.control.clone(),
-                right,
-                StreamProtocol::new(ALL_REDUCE_PROTOCOL),
-                1,
-            )
+            spawn(right, ALL_REDUCE_PROTOCOL, RING_QUEUE)
         });
         drop(guard);
         Ok(P2pComm {
@@ -594,7 +602,8 @@ impl Communicator for P2pComm {
                 *v *= pf;
             }
             *w *= p;
-            let (payload, sum) = payload::encode_f32(x, self.shared.pool.take(4 * x.len()));
+            let lane = self.shared.lanes.get().is_some();
+            let (payload, sum) = payload::encode_for(lane, x, self.shared.pool.take(4 * x.len()));
             let payload = Arc::new(payload);
             let header = wire::encode_header(&Header {
                 version: WIRE_VERSION,

@@ -134,6 +134,8 @@ pub(crate) struct Shared {
     /// gives up with it; a view change clears it.
     pub alarm: Mutex<Option<CommError>>,
     offences: Mutex<HashMap<PeerId, u32>>,
+    /// The data lane, set once it listens (none with `--data-lane libp2p`).
+    pub lanes: std::sync::OnceLock<Arc<super::lane::Lanes>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -168,6 +170,7 @@ impl Shared {
             interrupt: Interrupt::new(),
             alarm: Mutex::new(None),
             offences: Mutex::new(HashMap::new()),
+            lanes: std::sync::OnceLock::new(),
         }
     }
 

@@ -6,5 +6,6 @@ mod all_reduce;
 mod collectives;
 mod common;
 mod join;
+mod lane;
 mod push_sum;
 mod validation;
