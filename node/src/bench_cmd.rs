@@ -286,7 +286,10 @@ fn measure_link(
     comm.shutdown();
     child.wait()?;
     let (p, s) = result?;
-    Ok((p.map(|secs| gbits(total, secs)), s.map(|secs| gbits(total, secs))))
+    Ok((
+        p.map(|secs| gbits(total, secs)),
+        s.map(|secs| gbits(total, secs)),
+    ))
 }
 
 /// What both processes run: seconds of the pure exchange and of the
@@ -526,9 +529,6 @@ fn allreduce(
             gbits(bus, *s)
         );
     }
-    println!(
-        "median {median:.3} s, bus {:.2} Gbit/s",
-        gbits(bus, median)
-    );
+    println!("median {median:.3} s, bus {:.2} Gbit/s", gbits(bus, median));
     Ok(())
 }

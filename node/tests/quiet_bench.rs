@@ -156,7 +156,10 @@ fn json_documents_carry_the_figures_by_name() {
         None,
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
-    assert!(doc["median_seconds"].as_f64().is_some_and(|s| s > 0.0), "{doc}");
+    assert!(
+        doc["median_seconds"].as_f64().is_some_and(|s| s > 0.0),
+        "{doc}"
+    );
     assert!(doc["bus_gbit_s"].as_f64().is_some(), "{doc}");
     assert_eq!(doc["schedule"], "ring");
     assert_eq!(doc["data_lane"], "encrypted");

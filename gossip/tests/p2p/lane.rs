@@ -51,7 +51,10 @@ fn both_lane_modes_give_the_bits_of_libp2p_streams() {
         for (rank, (a, b)) in reference.iter().zip(&got).enumerate() {
             assert!(a.0 == b.0 && a.1 == b.1, "{lane}: push-sum of rank {rank}");
             assert!(
-                a.2.iter().map(|v| v.to_bits()).eq(b.2.iter().map(|v| v.to_bits())) && a.3 == b.3,
+                a.2.iter()
+                    .map(|v| v.to_bits())
+                    .eq(b.2.iter().map(|v| v.to_bits()))
+                    && a.3 == b.3,
                 "{lane}: all-reduce of rank {rank}"
             );
         }
@@ -94,7 +97,8 @@ fn connections_without_the_key_are_refused_and_the_node_keeps_working() {
     let (comms, sums) = on_all(comms, |c| {
         let mut x = vec![c.rank() as f32 + 1.0; 1000];
         let mut s = 1.0;
-        c.all_reduce_sum(&mut x, &mut s).expect("all-reduce after the knocks");
+        c.all_reduce_sum(&mut x, &mut s)
+            .expect("all-reduce after the knocks");
         (x[999], s)
     });
     assert_eq!(sums, vec![(3.0, 2.0), (3.0, 2.0)]);

@@ -64,7 +64,9 @@ pub(crate) async fn dial(
             let mut hello = hello_mac_input(session, index, &nonce);
             let mac = session.keys.tag(&[&hello]);
             hello.extend_from_slice(&mac);
-            s.write_all(&hello).await.map_err(|e| format!("{addr}: {e}"))?;
+            s.write_all(&hello)
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
             let mut answer = [0u8; 34];
             s.read_exact(&mut answer)
                 .await
@@ -98,7 +100,13 @@ pub(crate) async fn open(
         match dial(&session, &addrs, index).await {
             Ok(stream) => {
                 let (tx, rx) = mpsc::channel(WRITER_QUEUE);
-                tokio::spawn(write_loop(shared.clone(), session.clone(), index, stream, rx));
+                tokio::spawn(write_loop(
+                    shared.clone(),
+                    session.clone(),
+                    index,
+                    stream,
+                    rx,
+                ));
                 writers.push(tx);
             }
             Err(e) => {
@@ -175,7 +183,9 @@ async fn write_loop(
             let wait = shared.cfg.peer_timeout.min(Duration::from_secs(10));
             match tokio::time::timeout(wait, stream.read_exact(&mut byte)).await {
                 Ok(Ok(_)) => {}
-                _ => tracing::debug!(%peer, "{peer} did not confirm the end of lane connection {index}"),
+                _ => {
+                    tracing::debug!(%peer, "{peer} did not confirm the end of lane connection {index}")
+                }
             }
             let _ = done.send(());
             return;
@@ -247,7 +257,9 @@ async fn accept(
         return Err(format!("{} dialed in another lane mode", session.peer));
     }
     if index as usize >= MAX_CONNECTIONS {
-        return Err(format!("connection index {index} of at most {MAX_CONNECTIONS}"));
+        return Err(format!(
+            "connection index {index} of at most {MAX_CONNECTIONS}"
+        ));
     }
     {
         let mut taken = crate::p2p::state::lock(&session.accepted);
@@ -393,7 +405,9 @@ async fn current_view(shared: &Shared) -> Result<Arc<View>, Stop> {
     let wait = shared.cfg.join_timeout + Duration::from_secs(5);
     match tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await {
         Ok(Ok(v)) => Ok(v.clone().expect("waited for a view")),
-        _ => Err(Stop::Io(std::io::Error::other("no view within the join timeout"))),
+        _ => Err(Stop::Io(std::io::Error::other(
+            "no view within the join timeout",
+        ))),
     }
 }
 
@@ -445,7 +459,8 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
     } else {
         ALL_REDUCE_PROTOCOL
     };
-    let from = check_header(&shared.cfg, &view, &peer, &as_frame, protocol).map_err(Stop::Rejected)?;
+    let from =
+        check_header(&shared.cfg, &view, &peer, &as_frame, protocol).map_err(Stop::Rejected)?;
     if push {
         if h.offset.checked_add(h.len).is_none_or(|end| end > h.total) {
             return Err(Stop::Rejected(Reject::Layout {
@@ -466,15 +481,22 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
     shared.counters.received(wire);
     shared.observed.received(&peer, wire);
     if push {
-        let whole = r
-            .session
-            .add_share_part(&h, buf)
-            .map_err(|e| Stop::Rejected(Reject::MalformedHeader(e)))?;
-        if let Some((weight, share)) = whole {
+        let mut refused = None;
+        let mut deliver = |round, weight, share| {
             shared
                 .push_inbox
-                .deliver(h.round, from, weight, share)
-                .map_err(|e| Stop::Rejected(e.into()))?;
+                .deliver(round, from, weight, share)
+                .map_err(|e| {
+                    let reason: Reject = e.into();
+                    let text = reason.to_string();
+                    refused = Some(reason);
+                    text
+                })
+        };
+        if let Err(e) = r.session.add_share_part(&h, buf, &mut deliver) {
+            return Err(Stop::Rejected(
+                refused.unwrap_or(Reject::MalformedHeader(e)),
+            ));
         }
     } else {
         let msg = ReduceMsg {

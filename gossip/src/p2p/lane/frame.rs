@@ -10,7 +10,7 @@
 //! | 0 | kind ([`FrameKind`]) |
 //! | 1..4 | zero |
 //! | 4..6, 6..8 | part, parts (u16 LE): this frame's piece of a message |
-//! | 8..16 | sequence (u64 LE): the sender's count of all-reduce pieces |
+//! | 8..16 | sequence (u64 LE): the sender's count of its shares, or of its all-reduce pieces |
 //! | 16..24 | view |
 //! | 24..32 | round (push-sum round or collective number) |
 //! | 32..36 | step (ring step) |

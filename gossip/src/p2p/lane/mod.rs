@@ -136,6 +136,7 @@ struct ReduceOrder {
 
 /// A push-sum share whose parts are arriving.
 struct Assembly {
+    round: u64,
     parts: u16,
     weight: f64,
     got: Vec<(u16, usize, Vec<u8>)>,
@@ -160,7 +161,14 @@ pub(crate) struct Session {
     users: AtomicUsize,
     order: Mutex<ReduceOrder>,
     forward: mpsc::UnboundedSender<ReduceMsg>,
+    /// Our count of push-sum shares sent.
+    share_sequence: AtomicU64,
+    /// Shares being assembled, by the sender's count.
     shares: Mutex<HashMap<u64, Assembly>>,
+    /// Whole shares waiting for an earlier one: the inbox takes a sender's
+    /// shares in the order they were sent.
+    share_order: Mutex<BTreeMap<u64, (u64, f64, LeBytes)>>,
+    next_share: AtomicU64,
 }
 
 /// The lanes of one node: the listener and a session per peer.
@@ -248,7 +256,12 @@ impl Lanes {
 
     /// Offers lanes to the members of `view` whose id is above ours (they
     /// offer to us otherwise).
-    pub fn connect_view(self: &Arc<Self>, shared: &Arc<Shared>, control: &libp2p_stream::Control, view: &View) {
+    pub fn connect_view(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        control: &libp2p_stream::Control,
+        view: &View,
+    ) {
         let local = shared.local.to_bytes();
         for peer in &view.members {
             if peer.to_bytes() > local {
@@ -346,7 +359,10 @@ impl Session {
             users: AtomicUsize::new(0),
             order: Mutex::new(ReduceOrder::default()),
             forward,
+            share_sequence: AtomicU64::new(0),
             shares: Mutex::new(HashMap::new()),
+            share_order: Mutex::new(BTreeMap::new()),
+            next_share: AtomicU64::new(0),
         })
     }
 
@@ -371,6 +387,11 @@ impl Session {
         };
         let first = self.messages.fetch_add(1, Ordering::Relaxed) as usize;
         let push = h.kind == Kind::PushSum;
+        let share = if push {
+            self.share_sequence.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        };
         for part in 0..parts {
             let start = elements * part / parts;
             let end = elements * (part + 1) / parts;
@@ -379,14 +400,18 @@ impl Session {
                 part: part as u16,
                 parts: parts as u16,
                 sequence: if push {
-                    0
+                    share
                 } else {
                     self.sequence.fetch_add(1, Ordering::Relaxed)
                 },
                 view: h.view,
                 round: h.round,
                 step: h.step,
-                offset: if push { start as u64 } else { h.offset + start as u64 },
+                offset: if push {
+                    start as u64
+                } else {
+                    h.offset + start as u64
+                },
                 len: (end - start) as u64,
                 total: h.total,
                 // The scalar rides on the first part only.
@@ -448,22 +473,34 @@ impl Session {
         Ok(())
     }
 
-    /// Files a push-sum part; returns the whole share once every part came.
+    /// Files a push-sum part; hands the shares that are now whole and next
+    /// in the sender's order to `deliver` as (round, weight, share), in that
+    /// order (under a lock, so that no other connection's share overtakes).
     fn add_share_part(
         &self,
         h: &FrameHeader,
         payload: Vec<u8>,
-    ) -> Result<Option<(f64, LeBytes)>, String> {
+        deliver: &mut dyn FnMut(u64, f64, LeBytes) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let seq = h.sequence;
         let mut shares = lock(&self.shares);
-        let a = shares.entry(h.round).or_insert_with(|| Assembly {
+        if seq < self.next_share.load(Ordering::SeqCst) {
+            return Err(format!("share {seq} (round {}) came twice", h.round));
+        }
+        if !shares.contains_key(&seq) && shares.len() >= MAX_HELD {
+            return Err(format!("more than {MAX_HELD} shares being assembled"));
+        }
+        let a = shares.entry(seq).or_insert_with(|| Assembly {
+            round: h.round,
             parts: h.parts,
             weight: h.weight,
             got: Vec::new(),
         });
-        if a.parts != h.parts || a.weight.to_bits() != h.weight.to_bits() {
+        if a.round != h.round || a.parts != h.parts || a.weight.to_bits() != h.weight.to_bits() {
             return Err(format!(
-                "share of round {} announced as {} parts of weight {} and as {} of weight {}",
-                h.round, a.parts, a.weight, h.parts, h.weight
+                "share {seq} announced as round {} in {} parts of weight {} and as round {} in \
+                 {} of weight {}",
+                a.round, a.parts, a.weight, h.round, h.parts, h.weight
             ));
         }
         if a.got.iter().any(|(p, _, _)| *p == h.part) {
@@ -471,9 +508,9 @@ impl Session {
         }
         a.got.push((h.part, h.offset as usize, payload));
         if a.got.len() < a.parts as usize {
-            return Ok(None);
+            return Ok(());
         }
-        let mut a = shares.remove(&h.round).expect("present above");
+        let mut a = shares.remove(&seq).expect("present above");
         drop(shares);
         a.got.sort_by_key(|(p, _, _)| *p);
         let mut next = 0;
@@ -493,13 +530,27 @@ impl Session {
             ));
         }
         let parts = a.got.into_iter().map(|(_, o, b)| (o, b)).collect();
-        Ok(Some((a.weight, LeBytes::parts(parts))))
+        let mut order = lock(&self.share_order);
+        order.insert(seq, (a.round, a.weight, LeBytes::parts(parts)));
+        loop {
+            let next = self.next_share.load(Ordering::SeqCst);
+            let Some((round, weight, share)) = order.remove(&next) else {
+                return Ok(());
+            };
+            self.next_share.store(next + 1, Ordering::SeqCst);
+            deliver(round, weight, share)?;
+        }
     }
 }
 
 /// A link that sends its frames over the lane to `peer`: the same queue as
 /// a libp2p link ([`Link`]), so the callers do not know which it is.
-pub(crate) fn spawn_link(shared: Arc<Shared>, lanes: Arc<Lanes>, peer: PeerId, depth: usize) -> Link {
+pub(crate) fn spawn_link(
+    shared: Arc<Shared>,
+    lanes: Arc<Lanes>,
+    peer: PeerId,
+    depth: usize,
+) -> Link {
     let (queue, rx) = mpsc::channel(depth.max(1));
     let task = tokio::spawn(run_link(shared, lanes, peer, rx));
     Link { peer, queue, task }

@@ -54,7 +54,9 @@ async fn read_msg<T: for<'de> Deserialize<'de>>(s: &mut Stream) -> Result<T, Str
     s.read_exact(&mut len).await.map_err(|e| e.to_string())?;
     let len = u32::from_le_bytes(len);
     if len == 0 || len > MAX_MESSAGE {
-        return Err(format!("lane message of {len} bytes (at most {MAX_MESSAGE})"));
+        return Err(format!(
+            "lane message of {len} bytes (at most {MAX_MESSAGE})"
+        ));
     }
     let mut body = vec![0u8; len as usize];
     s.read_exact(&mut body).await.map_err(|e| e.to_string())?;
@@ -76,8 +78,11 @@ pub(crate) async fn offer(
 ) {
     let until = tokio::time::Instant::now() + shared.cfg.peer_timeout;
     loop {
-        match tokio::time::timeout(OFFER_TIMEOUT, offer_once(&shared, &lanes, &mut control, peer))
-            .await
+        match tokio::time::timeout(
+            OFFER_TIMEOUT,
+            offer_once(&shared, &lanes, &mut control, peer),
+        )
+        .await
         {
             Ok(Ok(())) => return,
             Ok(Err(e)) if e.starts_with("refused") => {
@@ -127,7 +132,12 @@ async fn offer_once(
     let keys = LaneKeys::derive(&id, &shared.local, &ours, &peer, &theirs);
     let session = Session::new(id, peer, keys, lanes.mode, shared);
     lanes.register(session.clone());
-    tokio::spawn(conn::open(shared.clone(), lanes.clone(), session, answer.addrs));
+    tokio::spawn(conn::open(
+        shared.clone(),
+        lanes.clone(),
+        session,
+        answer.addrs,
+    ));
     Ok(())
 }
 
@@ -220,6 +230,11 @@ async fn take(
     };
     write_msg(&mut s, &answer).await?;
     let _ = s.close().await;
-    tokio::spawn(conn::open(shared.clone(), lanes.clone(), session, offer.addrs));
+    tokio::spawn(conn::open(
+        shared.clone(),
+        lanes.clone(),
+        session,
+        offer.addrs,
+    ));
     Ok(())
 }

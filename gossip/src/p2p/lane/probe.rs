@@ -64,12 +64,9 @@ impl P2pComm {
         rounds: u64,
         until_received: u64,
     ) -> Result<f64, CommError> {
-        let lanes = self
-            .shared
-            .lanes
-            .get()
-            .cloned()
-            .ok_or_else(|| CommError::Other("this node has no data lane (--data-lane libp2p)".into()))?;
+        let lanes = self.shared.lanes.get().cloned().ok_or_else(|| {
+            CommError::Other("this node has no data lane (--data-lane libp2p)".into())
+        })?;
         let peer = *self
             .view
             .members
@@ -78,10 +75,9 @@ impl P2pComm {
         let wait = self.shared.cfg.peer_timeout;
         let rt = self.runtime()?;
         rt.block_on(async move {
-            let session = lanes
-                .ready(&peer, wait)
-                .await
-                .ok_or_else(|| CommError::Other(format!("no data lane to {peer} within {wait:?}")))?;
+            let session = lanes.ready(&peer, wait).await.ok_or_else(|| {
+                CommError::Other(format!("no data lane to {peer} within {wait:?}"))
+            })?;
             let payload = Arc::new(vec![7u8; bytes]);
             let start = Instant::now();
             let receiving = async {
