@@ -3,8 +3,8 @@
 //!
 //! A connection carries one direction. The dialer opens with
 //! `SLOWLANE | version | mode | index (u16) | session id | nonce | MAC`, the
-//! MAC (HMAC-SHA256 under the lane's MAC key) over everything before it; the
-//! listener answers `OK` and a MAC over the same nonce, so each end knows
+//! MAC (HMAC-SHA256 under the lane's MAC key) over everything before it and
+//! the dialer's peer id; the listener answers `OK` and a MAC over the same nonce, so each end knows
 //! the other holds the key. Then the dialer sends frames until its end
 //! frame, and the listener confirms that with one byte.
 
@@ -36,6 +36,9 @@ const DONE: u8 = 0x5a;
 /// Name of the lane in logs and rejection counts.
 pub(crate) const LANE: &str = "data-lane";
 
+/// The hello's bytes before its MAC; the MAC also covers the dialer's peer
+/// id, so that a hello only opens a connection on the other side (not on
+/// the dialer's own listener, where the session's key is the same).
 fn hello_mac_input(session: &Session, index: u16, nonce: &[u8; 16]) -> Vec<u8> {
     let mut b = Vec::with_capacity(HELLO);
     b.extend_from_slice(MAGIC);
@@ -62,7 +65,7 @@ pub(crate) async fn dial(
             s.set_nodelay(true).map_err(|e| e.to_string())?;
             let nonce: [u8; 16] = random()?;
             let mut hello = hello_mac_input(session, index, &nonce);
-            let mac = session.keys.tag(&[&hello]);
+            let mac = session.keys.tag(&[&hello, &session.local.to_bytes()]);
             hello.extend_from_slice(&mac);
             s.write_all(&hello)
                 .await
@@ -247,7 +250,10 @@ async fn accept(
         .wait_session(&id, SETUP_TIMEOUT / 2)
         .await
         .ok_or("unknown lane session")?;
-    if !session.keys.verify(&[&hello[..44]], &hello[44..]) {
+    if !session
+        .keys
+        .verify(&[&hello[..44], &session.peer.to_bytes()], &hello[44..])
+    {
         return Err(format!(
             "the hello for the lane of {} does not prove its key",
             session.peer

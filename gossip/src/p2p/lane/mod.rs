@@ -145,6 +145,7 @@ struct Assembly {
 /// The lane between us and one peer.
 pub(crate) struct Session {
     pub id: [u8; SESSION_ID],
+    pub local: PeerId,
     pub peer: PeerId,
     pub keys: LaneKeys,
     pub mode: DataLane,
@@ -247,7 +248,8 @@ impl Lanes {
             return vec![SocketAddr::new(self.bound, self.port).to_string()];
         }
         let mut ips: Vec<IpAddr> = lock(&self.listen).iter().filter_map(ip_of).collect();
-        ips.sort();
+        // Loopback last: it only reaches a peer on this host.
+        ips.sort_by_key(|ip| (ip.is_loopback(), *ip));
         ips.dedup();
         ips.into_iter()
             .map(|ip| SocketAddr::new(ip, self.port).to_string())
@@ -348,6 +350,7 @@ impl Session {
         });
         Arc::new(Self {
             id,
+            local: shared.local,
             peer,
             keys,
             mode,
