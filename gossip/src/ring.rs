@@ -115,9 +115,20 @@ pub(crate) fn chunks(seg: Range<usize>, chunk: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
+/// Chunks a rank may have sent beyond what it has received: steps overlap
+/// (a chunk goes on to the right as soon as it arrived and was added) while
+/// the links' buffers (at least this many chunks) keep the ring from
+/// deadlocking with every rank blocked in a send.
+pub(crate) const IN_FLIGHT: usize = 3;
+
 /// Sums `buf` and `scalar` over the `m` ranks of the ring; rank `rank`'s
 /// links lead to ranks `rank + 1` and `rank - 1` (mod m). Segments move in
 /// chunks of at most `chunk` floats.
+///
+/// Pipelined: what a rank sends at step s + 1 is what it received at step s
+/// (reduce-scatter and all-gather alike), so each chunk is sent on as soon
+/// as it arrived, up to [`IN_FLIGHT`] chunks ahead of the receipts. Every
+/// element still gets the same additions in the same order.
 pub(crate) fn ring_all_reduce<L: RingLinks>(
     links: &mut L,
     rank: Rank,
@@ -131,56 +142,102 @@ pub(crate) fn ring_all_reduce<L: RingLinks>(
     }
     let n = buf.len();
     let own = *scalar;
+    let steps = 2 * (m - 1);
+    let reduce = |step: usize| step < m - 1;
+    let send_seg = |step: usize| {
+        if reduce(step) {
+            (rank + m - step) % m
+        } else {
+            (rank + 1 + m - (step - (m - 1))) % m
+        }
+    };
+    let recv_seg = |step: usize| {
+        if reduce(step) {
+            (rank + 2 * m - step - 1) % m
+        } else {
+            (rank + m - (step - (m - 1))) % m
+        }
+    };
+    let phase = |step: usize| {
+        if reduce(step) {
+            Phase::ReduceScatter
+        } else {
+            Phase::AllGather
+        }
+    };
+    let expect = |step: usize| {
+        let seg = segment(n, m, recv_seg(step));
+        Expected {
+            phase: phase(step),
+            step: step as u32,
+            segment: seg.clone(),
+            cursor: seg.start,
+            total: n,
+        }
+    };
     // Our current value of segment 0's scalar: our own, then the partial
     // sum of the ranks before us, then the total.
     let mut scalar0 = own;
-    for step in 0..2 * (m - 1) {
-        let reduce = step < m - 1;
-        let t = if reduce { step } else { step - (m - 1) };
-        let (send_seg, recv_seg, phase) = if reduce {
-            (
-                (rank + m - t) % m,
-                (rank + 2 * m - t - 1) % m,
-                Phase::ReduceScatter,
-            )
-        } else {
-            ((rank + 1 + m - t) % m, (rank + m - t) % m, Phase::AllGather)
-        };
-        let send_range = segment(n, m, send_seg);
-        let send_chunks = chunks(send_range.clone(), chunk);
-        let recv_range = segment(n, m, recv_seg);
-        let mut expected = Expected {
-            phase,
-            step: step as u32,
-            segment: recv_range.clone(),
-            cursor: recv_range.start,
-            total: n,
-        };
-        let mut recv_done = false;
-        let mut next_send = 0;
-        while next_send < send_chunks.len() || !recv_done {
-            if let Some(range) = send_chunks.get(next_send) {
-                let first = range.start == send_range.start;
-                let header = ChunkHeader {
-                    phase,
-                    step: step as u32,
-                    offset: range.start,
-                    len: range.len(),
-                    total: n,
-                    scalar: if send_seg == 0 && first { scalar0 } else { 0.0 },
-                };
-                links.send(header, &buf[range.clone()])?;
-                next_send += 1;
-            }
-            if !recv_done {
-                let (h, values) = links.recv(&expected)?;
-                let r = h.offset..h.offset + h.len;
-                if recv_seg == 0 && h.offset == recv_range.start {
-                    scalar0 = if reduce { h.scalar + own } else { h.scalar };
+    let (mut send_step, mut next_send) = (0, 0);
+    let mut send_chunks = chunks(segment(n, m, send_seg(0)), chunk);
+    let (mut recv_step, mut received_any) = (0, false);
+    let mut expected = expect(0);
+    let (mut sent, mut received) = (0usize, 0usize);
+    while send_step < steps || recv_step < steps {
+        // Sends of step s + 1 wait for the receipts of step s.
+        let ready = send_chunks.get(next_send).is_some_and(|range| {
+            send_step == 0
+                || recv_step >= send_step
+                || (recv_step + 1 == send_step && received_any && range.end <= expected.cursor)
+        });
+        if send_step < steps && ready && sent < received + IN_FLIGHT {
+            let range = send_chunks[next_send].clone();
+            let seg = send_seg(send_step);
+            let first = range.start == segment(n, m, seg).start;
+            let header = ChunkHeader {
+                phase: phase(send_step),
+                step: send_step as u32,
+                offset: range.start,
+                len: range.len(),
+                total: n,
+                scalar: if seg == 0 && first { scalar0 } else { 0.0 },
+            };
+            links.send(header, &buf[range])?;
+            sent += 1;
+            next_send += 1;
+            if next_send == send_chunks.len() {
+                send_step += 1;
+                next_send = 0;
+                if send_step < steps {
+                    send_chunks = chunks(segment(n, m, send_seg(send_step)), chunk);
                 }
-                links.apply(values, &mut buf[r.clone()], reduce);
-                expected.cursor = r.end;
-                recv_done = expected.cursor == recv_range.end;
+            }
+            continue;
+        }
+        if recv_step >= steps {
+            return Err(CommError::Other(format!(
+                "ring all-reduce: rank {rank} has nothing to send or receive at step {send_step}"
+            )));
+        }
+        let (h, values) = links.recv(&expected)?;
+        let r = h.offset..h.offset + h.len;
+        let seg_start = expected.segment.start;
+        if recv_seg(recv_step) == 0 && h.offset == seg_start {
+            scalar0 = if reduce(recv_step) {
+                h.scalar + own
+            } else {
+                h.scalar
+            };
+        }
+        links.apply(values, &mut buf[r.clone()], reduce(recv_step));
+        received += 1;
+        received_any = true;
+        expected.cursor = r.end;
+        if expected.cursor == expected.segment.end {
+            recv_step += 1;
+            received_any = false;
+            if recv_step < steps {
+                expected = expect(recv_step);
             }
         }
     }

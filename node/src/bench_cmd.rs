@@ -15,7 +15,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use slowmo_gossip::p2p::{P2pComm, P2pConfig, RunIdentity};
+use slowmo_gossip::p2p::lane::default_connections;
+use slowmo_gossip::p2p::{DataLane, P2pComm, P2pConfig, RunIdentity};
 use slowmo_gossip::{Communicator, PushSumRound};
 
 /// Environment variable that turns a re-executed copy into the far end.
@@ -49,8 +50,10 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         repeats: usize,
     },
-    /// Throughput of one link between two processes: QUIC, TCP+Noise+Yamux,
-    /// and plain TCP for reference.
+    /// Throughput of one link between two processes, both directions at
+    /// once: the data lane (encrypted and plaintext) with bytes only and
+    /// with push-sum shares, libp2p streams (QUIC, TCP+Noise+Yamux) with
+    /// push-sum shares, and plain TCP for reference.
     Transport {
         /// Message sizes in MiB.
         #[arg(long, value_delimiter = ',', default_value = "4,64,256")]
@@ -58,9 +61,22 @@ pub enum BenchCommand {
         /// Exchanges timed per size (after one warm-up).
         #[arg(long, default_value_t = 5)]
         rounds: u64,
-        /// Which links to measure: any of plain, quic, tcp.
-        #[arg(long, value_delimiter = ',', default_value = "plain,quic,tcp")]
+        /// Which links to measure: any of plain, lane, lane-plaintext, quic, tcp.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "plain,lane,lane-plaintext,quic,tcp"
+        )]
         links: Vec<String>,
+        /// What moves on the lane: bytes (pure transport), push-sum, or both.
+        #[arg(long, default_value = "both")]
+        mode: String,
+        /// Lane connections per direction [default: one per core, 2 to 8].
+        #[arg(long)]
+        lane_connections: Option<usize>,
+        /// Print the figures as one JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Time and bandwidth of the exact average over local nodes.
     Allreduce {
@@ -73,9 +89,18 @@ pub enum BenchCommand {
         /// Timed all-reduces (after one warm-up).
         #[arg(long, default_value_t = 5)]
         repeats: usize,
-        /// Transport: quic or tcp.
+        /// Control-plane transport: quic or tcp.
         #[arg(long, default_value = "quic")]
         transport: String,
+        /// Where the chunks go: encrypted, plaintext (the data lane) or libp2p.
+        #[arg(long, default_value = "encrypted")]
+        data_lane: DataLane,
+        /// Lane connections per direction [default: one per core, 2 to 8].
+        #[arg(long)]
+        lane_connections: Option<usize>,
+        /// Print the figures as one JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -95,13 +120,34 @@ pub fn run(args: BenchArgs) -> Result<()> {
             sizes_mib,
             rounds,
             links,
-        } => transport(&sizes_mib, rounds.max(1), &links),
+            mode,
+            lane_connections,
+            json,
+        } => transport(
+            &sizes_mib,
+            rounds.max(1),
+            &links,
+            &mode,
+            lane_connections.unwrap_or_else(default_connections),
+            json,
+        ),
         BenchCommand::Allreduce {
             nodes,
             floats,
             repeats,
             transport,
-        } => allreduce(nodes, floats, repeats.max(1), &transport),
+            data_lane,
+            lane_connections,
+            json,
+        } => allreduce(
+            nodes,
+            floats,
+            repeats.max(1),
+            &transport,
+            data_lane,
+            lane_connections.unwrap_or_else(default_connections),
+            json,
+        ),
     }
 }
 
@@ -121,9 +167,17 @@ fn listen_for(transport: &str) -> Result<Vec<String>> {
     })
 }
 
-fn p2p_config(transport: &str, nodes: usize, floats: usize) -> Result<P2pConfig> {
+fn p2p_config(
+    transport: &str,
+    nodes: usize,
+    floats: usize,
+    lane: DataLane,
+    k: usize,
+) -> Result<P2pConfig> {
     Ok(P2pConfig::new(identity(), nodes, floats)
         .with_listen(listen_for(transport)?)
+        .with_data_lane(lane)
+        .with_lane_connections(k)
         .with_join_timeout(Duration::from_secs(60))
         .with_peer_timeout(Duration::from_secs(120)))
 }
@@ -187,54 +241,164 @@ fn gbits(bytes: f64, secs: f64) -> f64 {
     bytes * 8.0 / secs / 1e9
 }
 
-fn transport(sizes_mib: &[usize], rounds: u64, links: &[String]) -> Result<()> {
+/// A link kind of `bench transport`: its control transport and data lane.
+fn link_kind(link: &str) -> Option<(&'static str, DataLane)> {
+    Some(match link {
+        "lane" => ("tcp", DataLane::Encrypted),
+        "lane-plaintext" => ("tcp", DataLane::Plaintext),
+        "quic" => ("quic", DataLane::Libp2p),
+        "tcp" => ("tcp", DataLane::Libp2p),
+        _ => return None,
+    })
+}
+
+/// One measured figure of `bench transport`.
+#[derive(serde::Serialize)]
+struct Figure {
+    size_mib: usize,
+    link: String,
+    /// `bytes` (pure transport) or `push-sum`.
+    mode: &'static str,
+    gbit_s: f64,
+    ratio_to_plain_tcp: Option<f64>,
+}
+
+/// Measures `link` between two processes: pure transport and/or push-sum.
+fn measure_link(
+    link: &str,
+    mib: usize,
+    rounds: u64,
+    pure: bool,
+    push: bool,
+    k: usize,
+) -> Result<(Option<f64>, Option<f64>)> {
+    let (t, lane) = link_kind(link).expect("checked");
+    let bytes = mib << 20;
+    let floats = bytes / 4;
+    let total = (bytes as u64 * rounds) as f64;
+    let pure = pure && lane != DataLane::Libp2p;
+    let pending = P2pComm::bind(p2p_config(t, 2, floats, lane, k)?)?;
+    let boot = pending.listen_addrs().join(",");
+    let spec = format!("p2p;{link};{floats};{rounds};{pure};{push};{k};{boot}");
+    let mut child = spawn_peer(&spec)?;
+    let mut comm = pending.join()?;
+    let result = both_ends(&mut comm, bytes, rounds, pure, push);
+    comm.shutdown();
+    child.wait()?;
+    let (p, s) = result?;
+    Ok((
+        p.map(|secs| gbits(total, secs)),
+        s.map(|secs| gbits(total, secs)),
+    ))
+}
+
+/// What both processes run: seconds of the pure exchange and of the
+/// push-sum exchange.
+fn both_ends(
+    comm: &mut P2pComm,
+    bytes: usize,
+    rounds: u64,
+    pure: bool,
+    push: bool,
+) -> Result<(Option<f64>, Option<f64>)> {
+    let other = 1 - comm.rank();
+    let mut p = None;
+    if pure {
+        comm.lane_probe(other, bytes, 1, bytes as u64)?;
+        let until = bytes as u64 * (1 + rounds);
+        p = Some(comm.lane_probe(other, bytes, rounds, until)?);
+        comm.barrier()?;
+    }
+    let s = if push {
+        Some(exchange(comm, bytes / 4, rounds)?)
+    } else {
+        None
+    };
+    Ok((p, s))
+}
+
+fn transport(
+    sizes_mib: &[usize],
+    rounds: u64,
+    links: &[String],
+    mode: &str,
+    k: usize,
+    json: bool,
+) -> Result<()> {
     for l in links {
-        if !["plain", "quic", "tcp"].contains(&l.as_str()) {
-            bail!("--links: `{l}` is none of plain, quic, tcp");
+        if l != "plain" && link_kind(l).is_none() {
+            bail!("--links: `{l}` is none of plain, lane, lane-plaintext, quic, tcp");
         }
     }
-    let has = |l: &str| links.iter().any(|x| x == l);
-    println!("one link, two processes, both directions at once; Gbit/s per direction");
-    println!(
-        "{:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "MiB", "plain tcp", "quic", "tcp+noise", "quic/plain", "noise/plain"
-    );
+    let (pure, push) = match mode {
+        "bytes" => (true, false),
+        "push-sum" => (false, true),
+        "both" => (true, true),
+        other => bail!("--mode: `{other}` is none of bytes, push-sum, both"),
+    };
+    let mut figures = Vec::new();
+    if !json {
+        println!(
+            "one link, two processes, both directions at once; Gbit/s per direction; \
+             lane: {k} connections per direction"
+        );
+        println!(
+            "{:>8} {:>16} {:>10} {:>10} {:>10}",
+            "MiB", "link", "mode", "Gbit/s", "/plain"
+        );
+    }
     for &mib in sizes_mib {
         let bytes = mib << 20;
-        let floats = bytes / 4;
         let total = (bytes as u64 * rounds) as f64;
-        let mut rates = [f64::NAN; 3];
-        if has("plain") {
+        let mut plain = None;
+        let row = |figures: &mut Vec<Figure>,
+                   plain: Option<f64>,
+                   link: &str,
+                   mode: &'static str,
+                   g: f64| {
+            let ratio = plain.map(|p: f64| g / p);
+            if !json {
+                let r = ratio.map_or("-".to_string(), |r| format!("{r:.2}"));
+                println!("{mib:>8} {link:>16} {mode:>10} {g:>10.2} {r:>10}");
+            }
+            figures.push(Figure {
+                size_mib: mib,
+                link: link.to_string(),
+                mode,
+                gbit_s: g,
+                ratio_to_plain_tcp: ratio,
+            });
+        };
+        if links.iter().any(|l| l == "plain") {
             let listener = TcpListener::bind("127.0.0.1:0")?;
             let addr = listener.local_addr()?;
             let mut child = spawn_peer(&format!("plain;{bytes};{rounds};{addr}"))?;
             let (stream, _) = listener.accept()?;
             let secs = plain_exchange(stream, bytes, rounds)?;
             child.wait()?;
-            rates[0] = gbits(total, secs);
+            let g = gbits(total, secs);
+            row(&mut figures, None, "plain-tcp", "bytes", g);
+            plain = Some(g);
         }
-        for (i, t) in [(1, "quic"), (2, "tcp")] {
-            if !has(t) {
-                continue;
+        for link in links.iter().filter(|l| *l != "plain") {
+            let (p, s) = measure_link(link, mib, rounds, pure, push, k)?;
+            if let Some(g) = p {
+                row(&mut figures, plain, link, "bytes", g);
             }
-            let pending = P2pComm::bind(p2p_config(t, 2, floats)?)?;
-            let boot = pending.listen_addrs().join(",");
-            let mut child = spawn_peer(&format!("p2p;{t};{floats};{rounds};{boot}"))?;
-            let mut comm = pending.join()?;
-            let secs = exchange(&mut comm, floats, rounds)?;
-            comm.shutdown();
-            child.wait()?;
-            rates[i] = gbits(total, secs);
+            if let Some(g) = s {
+                row(&mut figures, plain, link, "push-sum", g);
+            }
         }
-        println!(
-            "{:>8} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
-            mib,
-            rates[0],
-            rates[1],
-            rates[2],
-            rates[1] / rates[0],
-            rates[2] / rates[0]
-        );
+    }
+    if json {
+        let doc = serde_json::json!({
+            "bench": "transport",
+            "rounds": rounds,
+            "lane_connections": k,
+            "unit": "Gbit/s per direction",
+            "figures": figures,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
     }
     Ok(())
 }
@@ -247,24 +411,42 @@ fn run_peer(spec: &str) -> Result<()> {
             let stream = TcpStream::connect(addr)?;
             plain_exchange(stream, bytes.parse()?, rounds.parse()?)?;
         }
-        ["p2p", t, floats, rounds, boot] => {
+        ["p2p", link, floats, rounds, pure, push, k, boot] => {
             let floats: usize = floats.parse()?;
-            let cfg = p2p_config(t, 2, floats)?.with_bootstrap(boot.split(',').map(String::from));
+            let (t, lane) =
+                link_kind(link).ok_or_else(|| anyhow::anyhow!("unknown link `{link}`"))?;
+            let cfg = p2p_config(t, 2, floats, lane, k.parse()?)?
+                .with_bootstrap(boot.split(',').map(String::from));
             let mut comm = P2pComm::start(cfg)?;
-            exchange(&mut comm, floats, rounds.parse()?)?;
+            let r = both_ends(
+                &mut comm,
+                4 * floats,
+                rounds.parse()?,
+                pure.parse()?,
+                push.parse()?,
+            );
             comm.shutdown();
+            r?;
         }
         _ => bail!("{PEER_ENV}=`{spec}` is not a benchmark peer spec"),
     }
     Ok(())
 }
 
-fn allreduce(nodes: usize, floats: usize, repeats: usize, transport: &str) -> Result<()> {
-    let first = P2pComm::bind(p2p_config(transport, nodes, floats)?)?;
+fn allreduce(
+    nodes: usize,
+    floats: usize,
+    repeats: usize,
+    transport: &str,
+    lane: DataLane,
+    k: usize,
+    json: bool,
+) -> Result<()> {
+    let first = P2pComm::bind(p2p_config(transport, nodes, floats, lane, k)?)?;
     let boot = first.listen_addrs();
     let mut handles = vec![std::thread::spawn(move || first.join())];
     for _ in 1..nodes {
-        let cfg = p2p_config(transport, nodes, floats)?.with_bootstrap(boot.clone());
+        let cfg = p2p_config(transport, nodes, floats, lane, k)?.with_bootstrap(boot.clone());
         handles.push(std::thread::spawn(move || P2pComm::start(cfg)));
     }
     let comms: Vec<P2pComm> = handles
@@ -303,24 +485,50 @@ fn allreduce(nodes: usize, floats: usize, repeats: usize, transport: &str) -> Re
         c.shutdown();
     }
     let bytes = 4.0 * floats as f64;
+    let bus = bytes * 2.0 * (nodes as f64 - 1.0) / nodes as f64;
+    // A repeat takes as long as its slowest rank.
+    let secs: Vec<f64> = (0..repeats)
+        .map(|k| per_rank.iter().map(|t| t[k]).fold(0.0, f64::max))
+        .collect();
+    let mut sorted = secs.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let schedule = "ring";
+    if json {
+        let doc = serde_json::json!({
+            "bench": "allreduce",
+            "nodes": nodes,
+            "floats": floats,
+            "transport": transport,
+            "data_lane": lane.name(),
+            "lane_connections": k,
+            "schedule": schedule,
+            "median_seconds": median,
+            "bus_gbit_s": gbits(bus, median),
+            "algo_gbit_s": gbits(bytes, median),
+            "seconds": secs,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
     println!(
-        "all-reduce of {floats} floats ({:.1} MiB) over {nodes} nodes ({transport}, threads of one process)",
+        "all-reduce of {floats} floats ({:.1} MiB) over {nodes} nodes ({transport} control, \
+         {lane} data lane, {k} connections; schedule {schedule}; threads of one process)",
         bytes / (1 << 20) as f64
     );
     println!(
         "{:>6} {:>10} {:>14} {:>14}",
         "repeat", "seconds", "algo Gbit/s", "bus Gbit/s"
     );
-    for k in 0..repeats {
-        let secs = per_rank.iter().map(|t| t[k]).fold(0.0, f64::max);
-        let bus = bytes * 2.0 * (nodes as f64 - 1.0) / nodes as f64;
+    for (k, s) in secs.iter().enumerate() {
         println!(
             "{:>6} {:>10.3} {:>14.2} {:>14.2}",
             k + 1,
-            secs,
-            gbits(bytes, secs),
-            gbits(bus, secs)
+            s,
+            gbits(bytes, *s),
+            gbits(bus, *s)
         );
     }
+    println!("median {median:.3} s, bus {:.2} Gbit/s", gbits(bus, median));
     Ok(())
 }

@@ -59,10 +59,21 @@ pub struct NodeArgs {
     /// Seconds a peer may stay silent during an exchange.
     #[arg(long, default_value_t = 60)]
     pub peer_timeout: u64,
+    /// How tensors travel between nodes: encrypted (a bulk-data lane of TCP
+    /// connections sealed with AES-256-GCM), plaintext (the same lane without
+    /// the cipher, still set up only between members; for a private network
+    /// you trust) or libp2p (the control plane's own streams; the default,
+    /// because only it follows view changes so far: a run on the lane stops
+    /// when a peer is lost). Every node of a run must use the same.
+    #[arg(long, default_value = "libp2p")]
+    pub data_lane: slowmo_gossip::p2p::DataLane,
+    /// Data-lane connections per direction and peer [default: one per core, 2 to 8].
+    #[arg(long)]
+    pub lane_connections: Option<usize>,
     /// Compute device: cpu or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Compute threads [default: 1 when several nodes share a machine is up to you; all cores otherwise].
+    /// Compute threads, also the most network runtime threads (at most 4) [default: 1 when several nodes share a machine is up to you; all cores otherwise].
     #[arg(long)]
     pub threads: Option<usize>,
     /// Write per-step metrics as JSON lines.
@@ -203,6 +214,16 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
     p2p.min_nodes = args.min_nodes;
     p2p.peer_timeout = Duration::from_secs(args.peer_timeout);
+    p2p.data_lane = args.data_lane;
+    // The network runtime shares the node's thread budget: --threads caps
+    // its workers too (by default one per core the process may use, which
+    // counts a container's CPU quota, 2 to 4).
+    if let Some(n) = args.threads {
+        p2p.worker_threads = n.clamp(1, 4);
+    }
+    if let Some(k) = args.lane_connections {
+        p2p.lane_connections = k;
+    }
     let endpoint = args
         .metrics_addr
         .as_deref()

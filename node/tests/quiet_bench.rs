@@ -107,3 +107,61 @@ fn transport_prints_only_its_table_on_stdout() {
     let stderr = String::from_utf8(loud.stderr).unwrap();
     assert!(has_info(&stderr), "RUST_LOG=info gave no logs:\n{stderr}");
 }
+
+#[test]
+fn json_documents_carry_the_figures_by_name() {
+    let out = bench(
+        &[
+            "transport",
+            "--sizes-mib",
+            "1",
+            "--rounds",
+            "1",
+            "--links",
+            "plain,lane,lane-plaintext",
+            "--json",
+        ],
+        None,
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let figures = doc["figures"].as_array().expect("figures");
+    for (link, mode) in [
+        ("plain-tcp", "bytes"),
+        ("lane", "bytes"),
+        ("lane", "push-sum"),
+        ("lane-plaintext", "bytes"),
+    ] {
+        let f = figures
+            .iter()
+            .find(|f| f["link"] == link && f["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {link} {mode} figure in {doc}"));
+        assert!(f["gbit_s"].as_f64().is_some_and(|g| g > 0.0), "{f}");
+        assert_eq!(f["size_mib"], 1);
+        if link != "plain-tcp" {
+            assert!(f["ratio_to_plain_tcp"].as_f64().is_some(), "{f}");
+        }
+    }
+
+    let out = bench(
+        &[
+            "allreduce",
+            "--nodes",
+            "2",
+            "--floats",
+            "1000",
+            "--repeats",
+            "3",
+            "--json",
+        ],
+        None,
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert!(
+        doc["median_seconds"].as_f64().is_some_and(|s| s > 0.0),
+        "{doc}"
+    );
+    assert!(doc["bus_gbit_s"].as_f64().is_some(), "{doc}");
+    assert_eq!(doc["schedule"], "ring");
+    assert_eq!(doc["data_lane"], "encrypted");
+    assert_eq!(doc["seconds"].as_array().map(Vec::len), Some(3));
+}

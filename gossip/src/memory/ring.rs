@@ -147,3 +147,50 @@ pub(super) fn all_reduce(
     // In memory a chunk costs a hand-over, not bandwidth: one per segment.
     ring_all_reduce(&mut links, rank, size, usize::MAX, buf, scalar)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rank's result of one all-reduce of `n` floats over `m` ranks
+    /// in chunks of `chunk`.
+    fn reduce(m: usize, n: usize, chunk: usize) -> Vec<(Vec<u32>, u64)> {
+        let handles: Vec<_> = ring_ends(m)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut ends)| {
+                std::thread::spawn(move || {
+                    let mut buf: Vec<f32> = (0..n)
+                        .map(|i| ((i * 31 + rank * 17) % 97) as f32 * 0.013 - 0.4)
+                        .collect();
+                    let mut scalar = 0.1 + rank as f64;
+                    ends.seq += 1;
+                    let mut links = Links {
+                        ends: &mut ends,
+                        rank,
+                        size: m,
+                        timeout: Duration::from_secs(10),
+                        operation: "all-reduce",
+                    };
+                    ring_all_reduce(&mut links, rank, m, chunk, &mut buf, &mut scalar).unwrap();
+                    (buf.iter().map(|v| v.to_bits()).collect(), scalar.to_bits())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn pipelined_chunks_give_the_bits_of_whole_segments() {
+        for (m, n) in [(2, 10), (3, 50), (4, 1001), (5, 3)] {
+            let whole = reduce(m, n, usize::MAX);
+            assert!(
+                whole.iter().all(|r| *r == whole[0]),
+                "m {m} n {n}: ranks differ"
+            );
+            for chunk in [1, 3, 7, 64] {
+                assert_eq!(reduce(m, n, chunk), whole, "m {m} n {n} chunk {chunk}");
+            }
+        }
+    }
+}

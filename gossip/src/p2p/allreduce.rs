@@ -13,7 +13,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
 use super::links::Outgoing;
-use super::payload::{add_bytes, copy_bytes, encode_f32};
+use super::payload::{add_bytes, copy_bytes, encode_for};
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{DType, Header, Kind, Reject, WIRE_VERSION, encode_header};
 use super::{Stopped, block_on_active};
@@ -240,7 +240,8 @@ impl RingLinks for Ring<'_> {
     type Chunk = Vec<u8>;
 
     fn send(&mut self, chunk: ChunkHeader, values: &[f32]) -> Result<(), CommError> {
-        let (payload, sum) = encode_f32(values, self.shared.pool.take(4 * values.len()));
+        let lane = self.shared.lanes.get().is_some();
+        let (payload, sum) = encode_for(lane, values, self.shared.pool.take(4 * values.len()));
         let header = Header {
             weight: chunk.scalar,
             offset: chunk.offset as u64,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::admission::Admission;
+use super::lane::DataLane;
 
 /// What every member of one run shares. A peer whose identity differs in any
 /// field is refused at join, with the field named on both sides.
@@ -86,6 +87,12 @@ pub struct P2pConfig {
     pub max_offences: u32,
     /// Threads of the node's own tokio runtime.
     pub worker_threads: usize,
+    /// How tensor bytes travel: the encrypted lane (default), the plaintext
+    /// lane, or libp2p streams ([`DataLane`]).
+    pub data_lane: DataLane,
+    /// Lane connections per direction and peer (see
+    /// [`super::lane::default_connections`]).
+    pub lane_connections: usize,
     /// Where libp2p's own metrics go (connections, protocols, bandwidth,
     /// identify and ping), for a Prometheus endpoint; `None`: not recorded.
     pub metrics: Option<MetricsRegistry>,
@@ -130,10 +137,24 @@ impl P2pConfig {
             chunk_floats,
             max_offences: 16,
             worker_threads: workers,
+            data_lane: DataLane::default(),
+            lane_connections: super::lane::default_connections(),
             metrics: None,
             admission: Admission::Open,
             settings: BTreeMap::new(),
         }
+    }
+
+    /// Chooses how tensor bytes travel ([`DataLane`]).
+    pub fn with_data_lane(mut self, lane: DataLane) -> Self {
+        self.data_lane = lane;
+        self
+    }
+
+    /// Sets the lane's connections per direction and peer (1 to 64).
+    pub fn with_lane_connections(mut self, k: usize) -> Self {
+        self.lane_connections = k;
+        self
     }
 
     /// Replaces the listen addresses.
@@ -195,6 +216,15 @@ impl P2pConfig {
         }
         if self.run.run_id.is_empty() {
             return Err("run.run_id must not be empty".into());
+        }
+        if self.data_lane != DataLane::Libp2p
+            && !(1..=super::lane::MAX_CONNECTIONS).contains(&self.lane_connections)
+        {
+            return Err(format!(
+                "lane_connections {} is outside 1..={}",
+                self.lane_connections,
+                super::lane::MAX_CONNECTIONS
+            ));
         }
         if self.chunk_floats == 0 {
             return Err("chunk_floats must be at least 1".into());

@@ -220,7 +220,7 @@ pub fn share(data: &[u8]) -> Outcome {
             Ok((h, from, payload)) => {
                 assert_eq!(payload.len(), 4 * FLOATS, "share shape");
                 assert!(h.weight.is_finite(), "share weight {}", h.weight);
-                if let Err(e) = inbox.deliver(h.round, from, h.weight, LeBytes(payload)) {
+                if let Err(e) = inbox.deliver(h.round, from, h.weight, LeBytes::whole(payload)) {
                     return refused(accepted, 0, e);
                 }
                 accepted += 1;

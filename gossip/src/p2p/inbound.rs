@@ -170,7 +170,7 @@ async fn serve_one(
                 header.round,
                 from,
                 header.weight,
-                LeBytes(payload),
+                LeBytes::whole(payload),
             )
             .map_err(refused)?;
     } else {

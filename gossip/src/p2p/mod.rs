@@ -10,7 +10,10 @@
 //! - `membership/1`: join handshake and view agreement ([`membership`]);
 //! - `push-sum/1`: push-sum shares (added by the crate's push-sum ledger);
 //! - `all-reduce/1`: ring all-reduce chunks, also the barrier ([`allreduce`]),
-//!   and the blocks of the typed collectives ([`gather`]).
+//!   and the blocks of the typed collectives ([`gather`]);
+//! - `lane/1`: offers of the data lane ([`lane`]), which then carries the
+//!   frames of `push-sum/1` and `all-reduce/1` over its own TCP connections
+//!   (unless [`DataLane::Libp2p`]).
 //!
 //! Tensor frames are a CBOR header and a raw little-endian payload
 //! ([`wire`]); every inbound frame is checked ([`inbound`]).
@@ -38,6 +41,7 @@ mod fuzz_knock;
 mod gather;
 mod identity;
 mod inbound;
+pub mod lane;
 mod links;
 mod membership;
 mod observe;
@@ -59,6 +63,7 @@ pub use admission::{
     read_allowlist,
 };
 pub use config::{MetricsRegistry, P2pConfig, RunIdentity};
+pub use lane::DataLane;
 pub use observe::{P2pObserver, PeerTraffic, reason_name};
 
 use crate::ledger::{Ledger, Mixing, Waiting};
@@ -73,6 +78,8 @@ use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank,
 
 /// Frames a push-sum link may queue before the training thread waits.
 const PUSH_QUEUE: usize = 16;
+/// Frames the all-reduce link may queue (chunks in flight to the right).
+const RING_QUEUE: usize = 4;
 
 /// A node of a run over libp2p. See the [module docs](self).
 ///
@@ -163,6 +170,12 @@ impl P2pComm {
             inbound::spawn_acceptors(&shared, &mut control).map_err(CommError::Other)?;
             membership.spawn_acceptor(&mut control)?;
             views::spawn_acceptors(&shared, &membership, &mut control)?;
+            if let Some(lanes) = lane::Lanes::start(&shared, &mut control, listen.clone())
+                .await
+                .map_err(CommError::Other)?
+            {
+                let _ = shared.lanes.set(lanes);
+            }
             tokio::spawn(behaviour::run_swarm(
                 swarm,
                 swarm_rx,
@@ -355,7 +368,7 @@ impl P2pComm {
             x,
             w,
             op,
-            &mut |share| pool.give(share.0),
+            &mut |share| share.recycle(pool),
         );
         if let Err(CommError::PeerTimeout { rank, .. }) = &result
             && let Some(peer) = self.view.members.get(*rank)
@@ -502,7 +515,8 @@ impl PendingJoin {
 }
 
 /// The links of rank `rank` in `view`: push-sum to every member, all-reduce
-/// to the right ring neighbour. Call inside the node's runtime.
+/// to the right ring neighbour, over the data lane when the node has one.
+/// Call inside the node's runtime.
 pub(crate) fn spawn_links(
     shared: &Arc<Shared>,
     control: &libp2p_stream::Control,
@@ -511,30 +525,28 @@ pub(crate) fn spawn_links(
 ) -> (Vec<Option<Link>>, Option<Link>) {
     let local = shared.local;
     let m = view.members.len();
+    let lanes = shared.lanes.get().cloned();
+    if let Some(lanes) = &lanes {
+        lanes.connect_view(shared, control, view);
+    }
+    let spawn = |peer: PeerId, protocol: &'static str, depth: usize| match &lanes {
+        Some(lanes) => lane::spawn_link(shared.clone(), lanes.clone(), peer, depth),
+        None => Link::spawn(
+            shared.clone(),
+            control.clone(),
+            peer,
+            StreamProtocol::new(protocol),
+            depth,
+        ),
+    };
     let push_links = view
         .members
         .iter()
-        .map(|peer| {
-            (*peer != local).then(|| {
-                Link::spawn(
-                    shared.clone(),
-                    control.clone(),
-                    *peer,
-                    StreamProtocol::new(PUSH_SUM_PROTOCOL),
-                    PUSH_QUEUE,
-                )
-            })
-        })
+        .map(|peer| (*peer != local).then(|| spawn(*peer, PUSH_SUM_PROTOCOL, PUSH_QUEUE)))
         .collect();
     let ring_link = (m > 1).then(|| {
         let right = view.members[(rank + 1) % m];
-        Link::spawn(
-            shared.clone(),
-            control.clone(),
-            right,
-            StreamProtocol::new(ALL_REDUCE_PROTOCOL),
-            1,
-        )
+        spawn(right, ALL_REDUCE_PROTOCOL, RING_QUEUE)
     });
     (push_links, ring_link)
 }
@@ -636,7 +648,8 @@ impl Communicator for P2pComm {
                 *v *= pf;
             }
             *w *= p;
-            let (payload, sum) = payload::encode_f32(x, self.shared.pool.take(4 * x.len()));
+            let lane = self.shared.lanes.get().is_some();
+            let (payload, sum) = payload::encode_for(lane, x, self.shared.pool.take(4 * x.len()));
             let payload = Arc::new(payload);
             let header = wire::encode_header(&Header {
                 version: WIRE_VERSION,

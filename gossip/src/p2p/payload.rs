@@ -99,6 +99,36 @@ pub fn first_non_finite(bytes: &[u8]) -> Option<(usize, f32)> {
     Some((bad, v))
 }
 
+/// Whether an `f32` LE payload holds an infinity or NaN: a pass without
+/// early exit that the compiler vectorises, for data just read.
+pub fn has_non_finite(bytes: &[u8]) -> bool {
+    bytes.chunks(16 << 10).any(|block| {
+        block.chunks_exact(4).fold(false, |bad, w| {
+            bad | (u32::from_le_bytes([w[0], w[1], w[2], w[3]]) & EXP == EXP)
+        })
+    })
+}
+
+/// `floats` as LE bytes in `buf` (reused), for the data lane: its records
+/// are authenticated, so no checksum (the header's stays 0).
+pub fn encode_f32_unchecked(floats: &[f32], buf: Vec<u8>) -> Vec<u8> {
+    let mut buf = sized(buf, 4 * floats.len());
+    for (d, v) in buf.chunks_exact_mut(4).zip(floats) {
+        d.copy_from_slice(&v.to_le_bytes());
+    }
+    buf
+}
+
+/// Encodes a payload for the node's transport: checksummed for libp2p
+/// streams, a plain copy for the data lane.
+pub(crate) fn encode_for(lane: bool, floats: &[f32], buf: Vec<u8>) -> (Vec<u8>, u64) {
+    if lane {
+        (encode_f32_unchecked(floats, buf), 0)
+    } else {
+        encode_f32(floats, buf)
+    }
+}
+
 /// `floats` as little-endian bytes in a new buffer.
 pub fn f32_to_bytes(floats: &[f32]) -> Vec<u8> {
     encode_f32(floats, Vec::new()).0
@@ -143,16 +173,39 @@ pub fn copy_bytes(dst: &mut [f32], payload: &[u8]) {
 }
 
 /// A push-sum share as it came off the wire: `f32` LE bytes from the pool,
-/// added straight from the bytes.
-pub(crate) struct LeBytes(pub Vec<u8>);
+/// in one piece (a libp2p stream) or in parts at their element offsets (the
+/// data lane), added straight from the bytes.
+pub(crate) struct LeBytes(Vec<(usize, Vec<u8>)>);
+
+impl LeBytes {
+    pub fn whole(bytes: Vec<u8>) -> Self {
+        Self(vec![(0, bytes)])
+    }
+
+    /// Parts that cover the share in order, each at its element offset.
+    pub fn parts(parts: Vec<(usize, Vec<u8>)>) -> Self {
+        Self(parts)
+    }
+
+    /// Gives the buffers back to `pool`.
+    pub fn recycle(self, pool: &BufferPool) {
+        for (_, b) in self.0 {
+            pool.give(b);
+        }
+    }
+}
 
 impl crate::ledger::SharePayload for LeBytes {
     fn floats(&self) -> usize {
-        self.0.len() / 4
+        self.0.iter().map(|(_, b)| b.len() / 4).sum()
     }
 
     fn add_into(&self, x: &mut [f32]) {
-        add_bytes(x, &self.0);
+        for (offset, bytes) in &self.0 {
+            if let Some(dst) = x.get_mut(*offset..) {
+                add_bytes(dst, bytes);
+            }
+        }
     }
 }
 

@@ -136,6 +136,8 @@ pub(crate) struct Shared {
     /// What the view protocol heard ([`super::views`]).
     pub views: super::views::Board,
     offences: Mutex<HashMap<PeerId, u32>>,
+    /// The data lane, set once it listens (none with `--data-lane libp2p`).
+    pub lanes: std::sync::OnceLock<Arc<super::lane::Lanes>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -171,6 +173,7 @@ impl Shared {
             alarm: Mutex::new(None),
             views: Default::default(),
             offences: Mutex::new(HashMap::new()),
+            lanes: std::sync::OnceLock::new(),
         }
     }
 

@@ -542,6 +542,14 @@ impl super::P2pComm {
     /// The coordinator does not decide a view smaller than `min_nodes`: it
     /// waits (up to the join timeout) for joiners, then stops the run.
     pub(super) fn change_view_p2p(&mut self, last_barrier: u64) -> Result<ViewChange, CommError> {
+        if self.shared.lanes.get().is_some() {
+            return Err(CommError::Other(
+                "the membership must change (a peer is lost, or one asks to join), but the data \
+                 lane does not follow view changes yet: run with --data-lane libp2p to survive \
+                 lost peers"
+                    .into(),
+            ));
+        }
         if !self.is_member() {
             return Ok(ViewChange::Excluded(format!(
                 "outside view {}: waiting to be admitted",
@@ -1039,7 +1047,7 @@ impl super::P2pComm {
             link.task.abort();
         }
         for payload in self.shared.push_inbox.reset(view.number) {
-            self.shared.pool.give(payload.0);
+            payload.recycle(&self.shared.pool);
         }
         while let Ok(msg) = self.reduce_rx.try_recv() {
             self.shared.pool.give(msg.payload);

@@ -6,6 +6,7 @@ mod all_reduce;
 mod collectives;
 mod common;
 mod join;
+mod lane;
 mod push_sum;
 mod validation;
 mod views;

@@ -1,0 +1,518 @@
+//! Lane connections: the set-up that proves key possession, the writer of
+//! our parts and the reader of the peer's.
+//!
+//! A connection carries one direction. The dialer opens with
+//! `SLOWLANE | version | mode | index (u16) | session id | nonce | MAC`, the
+//! MAC (HMAC-SHA256 under the lane's MAC key) over everything before it and
+//! the dialer's peer id; the listener answers `OK` and a MAC over the same nonce, so each end knows
+//! the other holds the key. Then the dialer sends frames until its end
+//! frame, and the listener confirms that with one byte.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use super::crypto::{SESSION_ID, TAG, random};
+use super::frame::{FrameHeader, FrameKind, HEADER, RECORD};
+use super::{DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
+use crate::p2p::inbound::check_header;
+use crate::p2p::payload::{first_non_finite, has_non_finite};
+use crate::p2p::state::{ReduceMsg, Shared, View};
+use crate::p2p::wire::{
+    ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, Reject, WIRE_VERSION,
+};
+
+const MAGIC: &[u8; 8] = b"SLOWLANE";
+const VERSION: u8 = 1;
+/// Bytes of the dialer's hello: magic, version, mode, index, id, nonce, MAC.
+const HELLO: usize = 8 + 1 + 1 + 2 + SESSION_ID + 16 + 32;
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The byte that confirms an end frame.
+const DONE: u8 = 0x5a;
+/// Name of the lane in logs and rejection counts.
+pub(crate) const LANE: &str = "data-lane";
+
+/// The hello's bytes before its MAC; the MAC also covers the dialer's peer
+/// id, so that a hello only opens a connection on the other side (not on
+/// the dialer's own listener, where the session's key is the same).
+fn hello_mac_input(session: &Session, index: u16, nonce: &[u8; 16]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(HELLO);
+    b.extend_from_slice(MAGIC);
+    b.push(VERSION);
+    b.push(session.mode.code());
+    b.extend_from_slice(&index.to_le_bytes());
+    b.extend_from_slice(&session.id);
+    b.extend_from_slice(nonce);
+    b
+}
+
+/// Dials connection `index` of our direction to one of `addrs`.
+pub(crate) async fn dial(
+    session: &Session,
+    addrs: &[String],
+    index: u16,
+) -> Result<TcpStream, String> {
+    let mut last = String::from("the peer announced no address");
+    for addr in addrs {
+        let attempt = async {
+            let mut s = TcpStream::connect(addr.as_str())
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
+            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            let nonce: [u8; 16] = random()?;
+            let mut hello = hello_mac_input(session, index, &nonce);
+            let mac = session.keys.tag(&[&hello, &session.local.to_bytes()]);
+            hello.extend_from_slice(&mac);
+            s.write_all(&hello)
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
+            let mut answer = [0u8; 34];
+            s.read_exact(&mut answer)
+                .await
+                .map_err(|e| format!("{addr}: refused ({e})"))?;
+            let expect = session
+                .keys
+                .tag(&[b"accept", &session.id, &index.to_le_bytes(), &nonce]);
+            if &answer[..2] != b"OK" || answer[2..] != expect {
+                return Err(format!("{addr}: the answer does not prove the lane's key"));
+            }
+            Ok(s)
+        };
+        match tokio::time::timeout(SETUP_TIMEOUT, attempt).await {
+            Ok(Ok(s)) => return Ok(s),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = format!("{addr}: no answer within {SETUP_TIMEOUT:?}"),
+        }
+    }
+    Err(last)
+}
+
+/// Dials our K connections to the peer and starts their writers.
+pub(crate) async fn open(
+    shared: Arc<Shared>,
+    lanes: Arc<Lanes>,
+    session: Arc<Session>,
+    addrs: Vec<String>,
+) {
+    let mut writers = Vec::new();
+    for index in 0..lanes.connections as u16 {
+        match dial(&session, &addrs, index).await {
+            Ok(stream) => {
+                let (tx, rx) = mpsc::channel(WRITER_QUEUE);
+                tokio::spawn(write_loop(
+                    shared.clone(),
+                    session.clone(),
+                    index,
+                    stream,
+                    rx,
+                ));
+                writers.push(tx);
+            }
+            Err(e) => {
+                tracing::warn!(peer = %session.peer, "data lane connection {index} to {} failed: {e}", session.peer);
+            }
+        }
+    }
+    if writers.is_empty() {
+        tracing::error!(peer = %session.peer, "no data lane connection to {} could be opened", session.peer);
+        return;
+    }
+    tracing::debug!(peer = %session.peer, connections = writers.len(), "data lane up");
+    session.set_writers(writers);
+}
+
+async fn write_loop(
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    index: u16,
+    mut stream: TcpStream,
+    mut rx: mpsc::Receiver<Job>,
+) {
+    let peer = session.peer;
+    let mut sealer = session.keys.sealer(index);
+    let encrypted = session.mode == DataLane::Encrypted;
+    let mut record = Vec::with_capacity(RECORD + TAG);
+    while let Some(job) = rx.recv().await {
+        let (header, payload, range, done) = match job {
+            Job::Frame {
+                header,
+                payload,
+                range,
+            } => (header, Some(payload), range, None),
+            Job::End(done) => (FrameHeader::of(FrameKind::End), None, 0..0, Some(done)),
+        };
+        let result = async {
+            record.clear();
+            record.extend_from_slice(&header.encode());
+            if encrypted {
+                let tag = sealer.seal(&mut record);
+                record.extend_from_slice(&tag);
+            }
+            stream.write_all(&record).await?;
+            if let Some(p) = &payload {
+                for piece in p[range.clone()].chunks(RECORD) {
+                    if encrypted {
+                        record.clear();
+                        record.extend_from_slice(piece);
+                        let tag = sealer.seal(&mut record);
+                        record.extend_from_slice(&tag);
+                        stream.write_all(&record).await?;
+                    } else {
+                        stream.write_all(piece).await?;
+                    }
+                    shared.activity.touch(&peer);
+                }
+            }
+            stream.flush().await
+        }
+        .await;
+        if let Some(p) = payload
+            && let Ok(buf) = Arc::try_unwrap(p)
+        {
+            shared.pool.give(buf);
+        }
+        if let Err(e) = result {
+            if !shared.stopping.load(Ordering::Relaxed) {
+                tracing::warn!(%peer, "data lane connection {index} to {peer} broke: {e}");
+            }
+            return;
+        }
+        if let Some(done) = done {
+            let mut byte = [0u8; 1];
+            let wait = shared.cfg.peer_timeout.min(Duration::from_secs(10));
+            match tokio::time::timeout(wait, stream.read_exact(&mut byte)).await {
+                Ok(Ok(_)) => {}
+                _ => {
+                    tracing::debug!(%peer, "{peer} did not confirm the end of lane connection {index}")
+                }
+            }
+            let _ = done.send(());
+            return;
+        }
+    }
+}
+
+/// Accepts lane connections for as long as the node runs.
+pub(crate) async fn accept_loop(shared: Arc<Shared>, lanes: Arc<Lanes>, listener: TcpListener) {
+    loop {
+        let (stream, from) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("data lane listener: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (shared, lanes) = (shared.clone(), lanes.clone());
+        tokio::spawn(async move {
+            match tokio::time::timeout(SETUP_TIMEOUT, accept(&lanes, stream)).await {
+                Ok(Ok((session, index, stream))) => {
+                    read_loop(shared, lanes, session, index, stream).await;
+                }
+                Ok(Err(e)) => {
+                    shared.counters.dropped();
+                    tracing::warn!(%from, "refused a data lane connection from {from}: {e}");
+                }
+                Err(_) => {
+                    shared.counters.dropped();
+                    tracing::warn!(%from, "a data lane connection from {from} sent no hello within {SETUP_TIMEOUT:?}");
+                }
+            }
+        });
+    }
+}
+
+/// Checks a dialer's hello; the connection is refused (closed without a
+/// word) unless it proves the key of a session we offered or took.
+async fn accept(
+    lanes: &Lanes,
+    mut stream: TcpStream,
+) -> Result<(Arc<Session>, u16, TcpStream), String> {
+    let mut hello = [0u8; HELLO];
+    stream
+        .read_exact(&mut hello)
+        .await
+        .map_err(|e| format!("incomplete hello: {e}"))?;
+    if &hello[..8] != MAGIC {
+        return Err("not a slowmo data lane hello".into());
+    }
+    if hello[8] != VERSION {
+        return Err(format!("lane version {}, we speak {VERSION}", hello[8]));
+    }
+    let index = u16::from_le_bytes([hello[10], hello[11]]);
+    let id: [u8; SESSION_ID] = hello[12..12 + SESSION_ID].try_into().expect("16 bytes");
+    let nonce: [u8; 16] = hello[28..44].try_into().expect("16 bytes");
+    let session = lanes
+        .wait_session(&id, SETUP_TIMEOUT / 2)
+        .await
+        .ok_or("unknown lane session")?;
+    if !session
+        .keys
+        .verify(&[&hello[..44], &session.peer.to_bytes()], &hello[44..])
+    {
+        return Err(format!(
+            "the hello for the lane of {} does not prove its key",
+            session.peer
+        ));
+    }
+    if hello[9] != session.mode.code() {
+        return Err(format!("{} dialed in another lane mode", session.peer));
+    }
+    if index as usize >= MAX_CONNECTIONS {
+        return Err(format!(
+            "connection index {index} of at most {MAX_CONNECTIONS}"
+        ));
+    }
+    {
+        let mut taken = crate::p2p::state::lock(&session.accepted);
+        if taken.contains(&index) {
+            return Err(format!("a second connection {index} from {}", session.peer));
+        }
+        taken.push(index);
+    }
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mac = session
+        .keys
+        .tag(&[b"accept", &session.id, &index.to_le_bytes(), &nonce]);
+    let mut answer = b"OK".to_vec();
+    answer.extend_from_slice(&mac);
+    stream
+        .write_all(&answer)
+        .await
+        .map_err(|e| format!("answering: {e}"))?;
+    Ok((session, index, stream))
+}
+
+/// Why a connection's reading stopped.
+enum Stop {
+    /// The peer broke the connection (or the node stops).
+    Io(std::io::Error),
+    /// A frame we refuse: the connection is out of step now and is closed.
+    Rejected(Reject),
+}
+
+impl From<std::io::Error> for Stop {
+    fn from(e: std::io::Error) -> Self {
+        Stop::Io(e)
+    }
+}
+
+/// Counts a served lane connection as an inbound stream (a graceful
+/// shutdown waits for the peers' last frames).
+struct Active<'a>(&'a Shared);
+
+impl<'a> Active<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        shared.inbound_active.fetch_add(1, Ordering::SeqCst);
+        Self(shared)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.inbound_active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+struct Reader<'a> {
+    shared: &'a Shared,
+    lanes: &'a Lanes,
+    session: &'a Session,
+    stream: TcpStream,
+    opener: super::crypto::Opener<'a>,
+    encrypted: bool,
+}
+
+impl Reader<'_> {
+    /// Reads one record of `buf.len()` bytes into `buf` and opens it there.
+    async fn record(&mut self, buf: &mut [u8]) -> Result<(), Stop> {
+        self.stream.read_exact(buf).await?;
+        if self.encrypted {
+            let mut tag = [0u8; TAG];
+            self.stream.read_exact(&mut tag).await?;
+            if !self.opener.open(buf, tag) {
+                return Err(Stop::Rejected(Reject::MalformedHeader(
+                    "a lane record failed authentication".into(),
+                )));
+            }
+        }
+        self.shared.activity.touch(&self.session.peer);
+        Ok(())
+    }
+
+    /// Reads a payload of `bytes` into `buf` a record at a time; `f32`
+    /// payloads are scanned for infinities and NaNs record by record.
+    async fn payload(&mut self, buf: &mut [u8], floats: bool) -> Result<(), Stop> {
+        let mut at = 0;
+        for piece in buf.chunks_mut(RECORD) {
+            self.record(piece).await?;
+            if floats
+                && has_non_finite(piece)
+                && let Some((i, value)) = first_non_finite(piece)
+            {
+                return Err(Stop::Rejected(Reject::NonFinite {
+                    index: at + i,
+                    value,
+                }));
+            }
+            at += piece.len() / 4;
+        }
+        Ok(())
+    }
+}
+
+async fn read_loop(
+    shared: Arc<Shared>,
+    lanes: Arc<Lanes>,
+    session: Arc<Session>,
+    index: u16,
+    stream: TcpStream,
+) {
+    let _active = Active::new(&shared);
+    let peer = session.peer;
+    let mut reader = Reader {
+        shared: &shared,
+        lanes: &lanes,
+        session: &session,
+        stream,
+        opener: session.keys.opener(index),
+        encrypted: session.mode == DataLane::Encrypted,
+    };
+    let mut scratch = Vec::new();
+    loop {
+        match read_frame(&mut reader, &mut scratch).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = reader.stream.write_all(&[DONE]).await;
+                let _ = reader.stream.shutdown().await;
+                return;
+            }
+            Err(Stop::Io(e)) => {
+                if !shared.stopping.load(Ordering::Relaxed) {
+                    tracing::debug!(%peer, "data lane connection {index} from {peer} broke: {e}");
+                }
+                return;
+            }
+            Err(Stop::Rejected(reason)) => {
+                shared.reject(&peer, LANE, &reason);
+                return;
+            }
+        }
+    }
+}
+
+/// The view our frames are checked against: the current one.
+async fn current_view(shared: &Shared) -> Result<Arc<View>, Stop> {
+    let mut rx = shared.view.clone();
+    let wait = shared.cfg.join_timeout + Duration::from_secs(5);
+    match tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await {
+        Ok(Ok(v)) => Ok(v.clone().expect("waited for a view")),
+        _ => Err(Stop::Io(std::io::Error::other(
+            "no view within the join timeout",
+        ))),
+    }
+}
+
+/// Reads, checks and delivers one frame; `false` after the end frame.
+async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, Stop> {
+    let mut raw = [0u8; HEADER];
+    r.record(&mut raw).await?;
+    let h = FrameHeader::decode(&raw).map_err(|e| Stop::Rejected(Reject::MalformedHeader(e)))?;
+    let kind = match h.kind {
+        FrameKind::End => return Ok(false),
+        FrameKind::Probe => {
+            // Benchmark bytes: read a record at a time and dropped.
+            let mut left = h.len;
+            scratch.resize(RECORD, 0);
+            while left > 0 {
+                let n = left.min(RECORD as u64) as usize;
+                r.record(&mut scratch[..n]).await?;
+                left -= n as u64;
+            }
+            r.lanes.probe_bytes.fetch_add(h.len, Ordering::SeqCst);
+            r.lanes.probe_arrived.notify_waiters();
+            return Ok(true);
+        }
+        FrameKind::Tensor(kind) => kind,
+    };
+    let shared = r.shared;
+    let peer = r.session.peer;
+    let view = current_view(shared).await?;
+    let push = kind == Kind::PushSum;
+    // The frame as the libp2p streams would have carried it (for a share,
+    // the whole share: the part is checked against it below).
+    let as_frame = Header {
+        version: WIRE_VERSION,
+        run_id: shared.cfg.run.run_id.clone(),
+        view: h.view,
+        sender: peer.to_string(),
+        round: h.round,
+        kind,
+        dtype: DType::of(kind),
+        len: if push { h.total } else { h.len },
+        weight: h.weight,
+        checksum: 0,
+        step: h.step,
+        offset: if push { 0 } else { h.offset },
+        total: h.total,
+    };
+    let protocol = if push {
+        PUSH_SUM_PROTOCOL
+    } else {
+        ALL_REDUCE_PROTOCOL
+    };
+    let from =
+        check_header(&shared.cfg, &view, &peer, &as_frame, protocol).map_err(Stop::Rejected)?;
+    if push {
+        if h.offset.checked_add(h.len).is_none_or(|end| end > h.total) {
+            return Err(Stop::Rejected(Reject::Layout {
+                offset: h.offset,
+                len: h.len,
+                total: h.total,
+            }));
+        }
+        shared
+            .push_inbox
+            .admit(h.round, from)
+            .map_err(|e| Stop::Rejected(e.into()))?;
+    }
+    let bytes = h.payload_bytes() as usize;
+    let mut buf = super::super::payload::sized(shared.pool.take(bytes), bytes);
+    r.payload(&mut buf, DType::of(kind) == DType::F32).await?;
+    let wire = (HEADER + bytes) as u64;
+    shared.counters.received(wire);
+    shared.observed.received(&peer, wire);
+    if push {
+        let mut refused = None;
+        let mut deliver = |round, weight, share| {
+            shared
+                .push_inbox
+                .deliver(round, from, weight, share)
+                .map_err(|e| {
+                    let reason: Reject = e.into();
+                    let text = reason.to_string();
+                    refused = Some(reason);
+                    text
+                })
+        };
+        if let Err(e) = r.session.add_share_part(&h, buf, &mut deliver) {
+            return Err(Stop::Rejected(
+                refused.unwrap_or(Reject::MalformedHeader(e)),
+            ));
+        }
+    } else {
+        let msg = ReduceMsg {
+            from,
+            header: as_frame,
+            payload: buf,
+        };
+        r.session
+            .deliver_reduce(h.sequence, msg)
+            .map_err(|e| Stop::Rejected(Reject::MalformedHeader(e)))?;
+    }
+    Ok(true)
+}

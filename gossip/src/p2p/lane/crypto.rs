@@ -1,0 +1,230 @@
+//! Keys of a lane and the sealing of its records.
+//!
+//! Both peers contribute fresh random key material through the control
+//! plane (libp2p, itself authenticated and encrypted); HKDF-SHA256 over both
+//! contributions, the session id and both peer ids gives a MAC key (for the
+//! connection set-up) and one AES-256-GCM key per direction. A record's
+//! nonce is the connection's index and a counter of the records sent on it,
+//! so no nonce repeats under a key and a record replayed, dropped or moved
+//! to another place fails to open.
+
+use libp2p::PeerId;
+use ring::{aead, hkdf, hmac};
+
+/// Bytes of each side's key contribution and of the session id.
+pub const CONTRIBUTION: usize = 32;
+pub const SESSION_ID: usize = 16;
+/// Bytes of an AEAD tag.
+pub const TAG: usize = 16;
+
+struct Len(usize);
+
+impl hkdf::KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+/// The keys of one lane between us and one peer.
+pub(crate) struct LaneKeys {
+    pub mac: hmac::Key,
+    /// Seals what we send.
+    send: aead::LessSafeKey,
+    /// Opens what the peer sends.
+    recv: aead::LessSafeKey,
+}
+
+fn expand(prk: &hkdf::Prk, label: &[u8], peer: &PeerId, out: &mut [u8]) {
+    let peer = peer.to_bytes();
+    let info = [b"slowmo lane 1 ".as_slice(), label, &peer];
+    prk.expand(&info, Len(out.len()))
+        .and_then(|okm| okm.fill(out))
+        .expect("HKDF-SHA256 yields 32 bytes");
+}
+
+impl LaneKeys {
+    /// Derives the keys of session `id` between `local` and `remote` from
+    /// both contributions (the same on both sides, whoever offered).
+    pub fn derive(
+        id: &[u8; SESSION_ID],
+        local: &PeerId,
+        ours: &[u8; CONTRIBUTION],
+        remote: &PeerId,
+        theirs: &[u8; CONTRIBUTION],
+    ) -> Self {
+        let (lo, hi) = if local.to_bytes() < remote.to_bytes() {
+            ((local, ours), (remote, theirs))
+        } else {
+            ((remote, theirs), (local, ours))
+        };
+        let mut ikm = Vec::with_capacity(2 * CONTRIBUTION + 80);
+        ikm.extend_from_slice(lo.1);
+        ikm.extend_from_slice(hi.1);
+        ikm.extend_from_slice(&lo.0.to_bytes());
+        ikm.extend_from_slice(&hi.0.to_bytes());
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, id).extract(&ikm);
+        let mut mac = [0u8; 32];
+        expand(&prk, b"mac", lo.0, &mut mac);
+        let key = |sender: &PeerId| {
+            let mut k = [0u8; 32];
+            expand(&prk, b"data from ", sender, &mut k);
+            let unbound = aead::UnboundKey::new(&aead::AES_256_GCM, &k)
+                .expect("AES-256-GCM takes a 32-byte key");
+            aead::LessSafeKey::new(unbound)
+        };
+        Self {
+            mac: hmac::Key::new(hmac::HMAC_SHA256, &mac),
+            send: key(local),
+            recv: key(remote),
+        }
+    }
+
+    /// The MAC of `parts` under the lane's MAC key.
+    pub fn tag(&self, parts: &[&[u8]]) -> [u8; 32] {
+        let mut ctx = hmac::Context::with_key(&self.mac);
+        for p in parts {
+            ctx.update(p);
+        }
+        let mut out = [0u8; 32];
+        out.copy_from_slice(ctx.sign().as_ref());
+        out
+    }
+
+    /// Whether `tag` is the MAC of `parts` (in constant time).
+    pub fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        hmac::verify(&self.mac, &parts.concat(), tag).is_ok()
+    }
+
+    /// A sealer for connection `conn` of our sending direction.
+    pub fn sealer(&self, conn: u16) -> Sealer<'_> {
+        Sealer {
+            key: &self.send,
+            nonces: Nonces::new(conn),
+        }
+    }
+
+    /// An opener for connection `conn` of the peer's sending direction.
+    pub fn opener(&self, conn: u16) -> Opener<'_> {
+        Opener {
+            key: &self.recv,
+            nonces: Nonces::new(conn),
+        }
+    }
+}
+
+/// Record nonces of one connection: its index, then a counter.
+struct Nonces {
+    conn: u16,
+    next: u64,
+}
+
+impl Nonces {
+    fn new(conn: u16) -> Self {
+        Self { conn, next: 0 }
+    }
+
+    fn next(&mut self) -> aead::Nonce {
+        let mut n = [0u8; aead::NONCE_LEN];
+        n[2..4].copy_from_slice(&self.conn.to_be_bytes());
+        n[4..].copy_from_slice(&self.next.to_be_bytes());
+        // 2^64 records of a connection are out of reach.
+        self.next += 1;
+        aead::Nonce::assume_unique_for_key(n)
+    }
+}
+
+/// Seals the records one connection sends.
+pub(crate) struct Sealer<'k> {
+    key: &'k aead::LessSafeKey,
+    nonces: Nonces,
+}
+
+impl Sealer<'_> {
+    /// Encrypts `data` in place and returns its tag.
+    pub fn seal(&mut self, data: &mut [u8]) -> [u8; TAG] {
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(self.nonces.next(), aead::Aad::empty(), data)
+            .expect("a record is far below AES-GCM's length limit");
+        let mut out = [0u8; TAG];
+        out.copy_from_slice(tag.as_ref());
+        out
+    }
+}
+
+/// Opens the records one connection receives.
+pub(crate) struct Opener<'k> {
+    key: &'k aead::LessSafeKey,
+    nonces: Nonces,
+}
+
+impl Opener<'_> {
+    /// Decrypts `data` in place; `false` if it is not the next record sealed
+    /// by the peer on this connection.
+    pub fn open(&mut self, data: &mut [u8], tag: [u8; TAG]) -> bool {
+        self.key
+            .open_in_place_separate_tag(
+                self.nonces.next(),
+                aead::Aad::empty(),
+                aead::Tag::from(tag),
+                data,
+                0..,
+            )
+            .is_ok()
+    }
+}
+
+/// Fresh random bytes from the operating system.
+pub(crate) fn random<const N: usize>() -> Result<[u8; N], String> {
+    use ring::rand::SecureRandom;
+    let mut out = [0u8; N];
+    ring::rand::SystemRandom::new()
+        .fill(&mut out)
+        .map_err(|_| "the operating system's random source failed".to_string())?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (LaneKeys, LaneKeys) {
+        let (a, b) = (PeerId::random(), PeerId::random());
+        let id = [3u8; SESSION_ID];
+        let (ca, cb) = ([1u8; CONTRIBUTION], [2u8; CONTRIBUTION]);
+        (
+            LaneKeys::derive(&id, &a, &ca, &b, &cb),
+            LaneKeys::derive(&id, &b, &cb, &a, &ca),
+        )
+    }
+
+    #[test]
+    fn both_sides_derive_matching_keys() {
+        let (a, b) = pair();
+        assert_eq!(a.tag(&[b"x"]), b.tag(&[b"x"]));
+        let mut data = b"hello lane".to_vec();
+        let tag = a.sealer(1).seal(&mut data);
+        assert_ne!(&data, b"hello lane");
+        assert!(b.opener(1).open(&mut data, tag));
+        assert_eq!(&data, b"hello lane");
+    }
+
+    #[test]
+    fn a_record_out_of_place_does_not_open() {
+        let (a, b) = pair();
+        let mut s = a.sealer(0);
+        let mut r1 = b"first".to_vec();
+        let t1 = s.seal(&mut r1);
+        let mut r2 = b"second".to_vec();
+        let t2 = s.seal(&mut r2);
+        // Skipping a record, another connection, or our own key: refused.
+        assert!(!b.opener(0).open(&mut r2.clone(), t2));
+        assert!(!b.opener(1).open(&mut r1.clone(), t1));
+        assert!(!a.opener(0).open(&mut r1.clone(), t1));
+        let mut o = b.opener(0);
+        assert!(o.open(&mut r1, t1));
+        let mut flipped = r2.clone();
+        flipped[0] ^= 1;
+        assert!(!o.open(&mut flipped, t2));
+    }
+}

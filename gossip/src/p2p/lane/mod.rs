@@ -1,0 +1,599 @@
+//! The bulk-data lane: tensor bytes between two members of a view over K
+//! plain TCP connections per direction, sealed with AES-256-GCM (or, by
+//! explicit choice, sent in the clear), set up through the control plane.
+//!
+//! libp2p stays the control plane; it is authenticated and encrypted, and
+//! only members of the current view speak our protocols. Over it, the peer
+//! with the lower id offers a lane on `/slowmo/lane/1` ([`offer`]): each side
+//! contributes fresh random key material and announces a TCP address; the
+//! lane's keys come from both contributions and both peer ids
+//! ([`crypto`]). Each side then dials K connections to the other's address
+//! and proves on each that it holds the key ([`conn`]): a peer that never
+//! got an offer (one not in the view) cannot open a lane, and a connection
+//! carries one direction, so its sender's records are sealed under one
+//! key with counter nonces.
+//!
+//! A message (a push-sum share or an all-reduce chunk) is cut into up to K
+//! parts, one per connection, each a fixed binary header ([`frame`]) and the
+//! payload in records of 1 MiB. The receiver reads each record into the
+//! part's own buffer and opens it there; push-sum parts are added straight
+//! from their buffers, all-reduce parts are handed on in the sender's order.
+//! There is no checksum: the records are authenticated. Sizes, shapes, run,
+//! view, round window and finiteness are checked as on the libp2p streams
+//! ([`super::inbound::check_header`]).
+
+pub(crate) mod conn;
+pub(crate) mod crypto;
+pub mod frame;
+mod offer;
+mod probe;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libp2p::multiaddr::Protocol;
+use libp2p::{Multiaddr, PeerId};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use super::links::{Link, Outgoing};
+use super::payload::LeBytes;
+use super::state::{ReduceMsg, Shared, View, lock};
+use super::wire::{Header, Kind};
+use crypto::{LaneKeys, SESSION_ID};
+use frame::{FrameHeader, FrameKind};
+
+/// How tensor bytes travel between members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataLane {
+    /// The lane, every record sealed with AES-256-GCM.
+    Encrypted,
+    /// The lane without the cipher: the connections are still set up only
+    /// by peers that hold the lane's key (for a private network one trusts).
+    Plaintext,
+    /// No lane: tensors go over libp2p streams like the control messages
+    /// (the default: the lane does not follow view changes yet).
+    #[default]
+    Libp2p,
+}
+
+impl DataLane {
+    pub fn name(self) -> &'static str {
+        match self {
+            DataLane::Encrypted => "encrypted",
+            DataLane::Plaintext => "plaintext",
+            DataLane::Libp2p => "libp2p",
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            DataLane::Encrypted => 1,
+            DataLane::Plaintext => 2,
+            DataLane::Libp2p => 3,
+        }
+    }
+}
+
+impl std::fmt::Display for DataLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DataLane {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "encrypted" => Ok(DataLane::Encrypted),
+            "plaintext" => Ok(DataLane::Plaintext),
+            "libp2p" => Ok(DataLane::Libp2p),
+            other => Err(format!(
+                "`{other}` is not a data lane: expected encrypted, plaintext or libp2p"
+            )),
+        }
+    }
+}
+
+/// Connections per direction when the configuration does not say: one per
+/// core, 2 to 8.
+pub fn default_connections() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(2, 8)
+}
+
+/// Most connections per direction a peer may open.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Smallest part a message is cut into (smaller messages go whole).
+const MIN_PART: usize = 256 << 10;
+/// Frames a connection's writer may hold queued.
+const WRITER_QUEUE: usize = 2;
+/// All-reduce parts held back waiting for an earlier one.
+const MAX_HELD: usize = 4096;
+
+/// One part to write on a connection.
+pub(crate) enum Job {
+    Frame {
+        header: FrameHeader,
+        payload: Arc<Vec<u8>>,
+        range: std::ops::Range<usize>,
+    },
+    /// Writes the end frame and waits for the receiver's confirmation.
+    End(oneshot::Sender<()>),
+}
+
+/// An all-reduce part in the sender's order.
+#[derive(Default)]
+struct ReduceOrder {
+    next: u64,
+    held: BTreeMap<u64, ReduceMsg>,
+}
+
+/// A push-sum share whose parts are arriving.
+struct Assembly {
+    round: u64,
+    parts: u16,
+    weight: f64,
+    got: Vec<(u16, usize, Vec<u8>)>,
+}
+
+/// The lane between us and one peer.
+pub(crate) struct Session {
+    pub id: [u8; SESSION_ID],
+    pub local: PeerId,
+    pub peer: PeerId,
+    pub keys: LaneKeys,
+    pub mode: DataLane,
+    /// Our connections' writers, once dialed.
+    writers: Mutex<Vec<mpsc::Sender<Job>>>,
+    ready: Notify,
+    /// Inbound connection indices taken.
+    accepted: Mutex<Vec<u16>>,
+    /// Our count of all-reduce parts sent.
+    sequence: AtomicU64,
+    /// Messages sent (to spread single-part messages over connections).
+    messages: AtomicU64,
+    /// Links using the lane: the last one gone ends it.
+    users: AtomicUsize,
+    order: Mutex<ReduceOrder>,
+    forward: mpsc::UnboundedSender<ReduceMsg>,
+    /// Our count of push-sum shares sent.
+    share_sequence: AtomicU64,
+    /// Shares being assembled, by the sender's count.
+    shares: Mutex<HashMap<u64, Assembly>>,
+    /// Whole shares waiting for an earlier one: the inbox takes a sender's
+    /// shares in the order they were sent.
+    share_order: Mutex<BTreeMap<u64, (u64, f64, LeBytes)>>,
+    next_share: AtomicU64,
+}
+
+/// The lanes of one node: the listener and a session per peer.
+pub(crate) struct Lanes {
+    pub mode: DataLane,
+    pub connections: usize,
+    port: u16,
+    bound: IpAddr,
+    listen: Arc<Mutex<Vec<Multiaddr>>>,
+    sessions: Mutex<HashMap<[u8; SESSION_ID], Arc<Session>>>,
+    by_peer: Mutex<HashMap<PeerId, Arc<Session>>>,
+    changed: Notify,
+    /// Probe bytes received (the transport benchmark).
+    pub probe_bytes: AtomicU64,
+    pub probe_arrived: Notify,
+}
+
+fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
+    addr.iter().find_map(|p| match p {
+        Protocol::Ip4(ip) => Some(IpAddr::V4(ip)),
+        Protocol::Ip6(ip) => Some(IpAddr::V6(ip)),
+        _ => None,
+    })
+}
+
+/// The IP our libp2p listeners use, for the lane's listener.
+fn listen_ip(addrs: &[String]) -> IpAddr {
+    addrs
+        .iter()
+        .filter_map(|a| a.parse::<Multiaddr>().ok())
+        .find_map(|a| ip_of(&a))
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+}
+
+impl Lanes {
+    /// Listens for lane connections and serves lane offers, unless the node
+    /// sends tensors over libp2p.
+    pub async fn start(
+        shared: &Arc<Shared>,
+        control: &mut libp2p_stream::Control,
+        listen: Arc<Mutex<Vec<Multiaddr>>>,
+    ) -> Result<Option<Arc<Lanes>>, String> {
+        let mode = shared.cfg.data_lane;
+        if mode == DataLane::Libp2p {
+            return Ok(None);
+        }
+        let ip = listen_ip(&shared.cfg.listen);
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .await
+            .map_err(|e| format!("data lane: cannot listen on {ip}: {e}"))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| format!("data lane: {e}"))?
+            .port();
+        let lanes = Arc::new(Lanes {
+            mode,
+            connections: shared.cfg.lane_connections.clamp(1, MAX_CONNECTIONS),
+            port,
+            bound: ip,
+            listen,
+            sessions: Mutex::new(HashMap::new()),
+            by_peer: Mutex::new(HashMap::new()),
+            changed: Notify::new(),
+            probe_bytes: AtomicU64::new(0),
+            probe_arrived: Notify::new(),
+        });
+        tokio::spawn(conn::accept_loop(shared.clone(), lanes.clone(), listener));
+        offer::spawn_acceptor(shared, &lanes, control)?;
+        tracing::debug!(port, %mode, "data lane listening");
+        Ok(Some(lanes))
+    }
+
+    /// The addresses we announce in an offer.
+    fn announced(&self) -> Vec<String> {
+        if !self.bound.is_unspecified() {
+            return vec![SocketAddr::new(self.bound, self.port).to_string()];
+        }
+        let mut ips: Vec<IpAddr> = lock(&self.listen).iter().filter_map(ip_of).collect();
+        // Loopback last: it only reaches a peer on this host.
+        ips.sort_by_key(|ip| (ip.is_loopback(), *ip));
+        ips.dedup();
+        ips.into_iter()
+            .map(|ip| SocketAddr::new(ip, self.port).to_string())
+            .collect()
+    }
+
+    /// Offers lanes to the members of `view` whose id is above ours (they
+    /// offer to us otherwise).
+    pub fn connect_view(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        control: &libp2p_stream::Control,
+        view: &View,
+    ) {
+        let local = shared.local.to_bytes();
+        for peer in &view.members {
+            if peer.to_bytes() > local {
+                tokio::spawn(offer::offer(
+                    shared.clone(),
+                    self.clone(),
+                    control.clone(),
+                    *peer,
+                ));
+            }
+        }
+    }
+
+    fn register(&self, session: Arc<Session>) {
+        lock(&self.sessions).insert(session.id, session.clone());
+        if let Some(old) = lock(&self.by_peer).insert(session.peer, session) {
+            lock(&self.sessions).remove(&old.id);
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn session_by_id(&self, id: &[u8; SESSION_ID]) -> Option<Arc<Session>> {
+        lock(&self.sessions).get(id).cloned()
+    }
+
+    /// Waits up to `wait` for the session with `id` (its offer may still be
+    /// on its way back to the side that made it).
+    async fn wait_session(&self, id: &[u8; SESSION_ID], wait: Duration) -> Option<Arc<Session>> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let changed = self.changed.notified();
+            if let Some(s) = self.session_by_id(id) {
+                return Some(s);
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                return self.session_by_id(id);
+            }
+        }
+    }
+
+    /// Waits up to `wait` for our connections to `peer` to be up.
+    pub async fn ready(&self, peer: &PeerId, wait: Duration) -> Option<Arc<Session>> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let changed = self.changed.notified();
+            let session = lock(&self.by_peer).get(peer).cloned();
+            if let Some(s) = session {
+                let waker = s.clone();
+                let ready = waker.ready.notified();
+                if !lock(&s.writers).is_empty() {
+                    return Some(s);
+                }
+                tokio::select! {
+                    _ = ready => continue,
+                    _ = changed => continue,
+                    _ = tokio::time::sleep_until(until) => return None,
+                }
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+impl Session {
+    fn new(
+        id: [u8; SESSION_ID],
+        peer: PeerId,
+        keys: LaneKeys,
+        mode: DataLane,
+        shared: &Arc<Shared>,
+    ) -> Arc<Self> {
+        let (forward, mut rx) = mpsc::unbounded_channel::<ReduceMsg>();
+        // All-reduce parts wait here for the training thread, so that the
+        // connections go on reading push-sum shares meanwhile.
+        let reduce_tx = shared.reduce_tx.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                if reduce_tx.send(msg).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Arc::new(Self {
+            id,
+            local: shared.local,
+            peer,
+            keys,
+            mode,
+            writers: Mutex::new(Vec::new()),
+            ready: Notify::new(),
+            accepted: Mutex::new(Vec::new()),
+            sequence: AtomicU64::new(0),
+            messages: AtomicU64::new(0),
+            users: AtomicUsize::new(0),
+            order: Mutex::new(ReduceOrder::default()),
+            forward,
+            share_sequence: AtomicU64::new(0),
+            shares: Mutex::new(HashMap::new()),
+            share_order: Mutex::new(BTreeMap::new()),
+            next_share: AtomicU64::new(0),
+        })
+    }
+
+    fn set_writers(&self, writers: Vec<mpsc::Sender<Job>>) {
+        *lock(&self.writers) = writers;
+        self.ready.notify_waiters();
+    }
+
+    /// Cuts a tensor frame into parts and queues them on our connections.
+    async fn send(&self, h: &Header, payload: Arc<Vec<u8>>) -> Result<(), String> {
+        let writers = lock(&self.writers).clone();
+        if writers.is_empty() {
+            return Err("the lane has no connections".into());
+        }
+        let size = h.dtype.size() as usize;
+        let elements = payload.len() / size;
+        // A gather block's offset is a rank, not a place: it goes whole.
+        let parts = if h.kind == Kind::Gather {
+            1
+        } else {
+            writers.len().min(payload.len().div_ceil(MIN_PART)).max(1)
+        };
+        let first = self.messages.fetch_add(1, Ordering::Relaxed) as usize;
+        let push = h.kind == Kind::PushSum;
+        let share = if push {
+            self.share_sequence.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        };
+        for part in 0..parts {
+            let start = elements * part / parts;
+            let end = elements * (part + 1) / parts;
+            let header = FrameHeader {
+                kind: FrameKind::Tensor(h.kind),
+                part: part as u16,
+                parts: parts as u16,
+                sequence: if push {
+                    share
+                } else {
+                    self.sequence.fetch_add(1, Ordering::Relaxed)
+                },
+                view: h.view,
+                round: h.round,
+                step: h.step,
+                offset: if push {
+                    start as u64
+                } else {
+                    h.offset + start as u64
+                },
+                len: (end - start) as u64,
+                total: h.total,
+                // The scalar rides on the first part only.
+                weight: if push || part == 0 { h.weight } else { 0.0 },
+            };
+            let job = Job::Frame {
+                header,
+                payload: payload.clone(),
+                range: start * size..end * size,
+            };
+            writers[(first + part) % writers.len()]
+                .send(job)
+                .await
+                .map_err(|_| "a lane connection is gone".to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Ends our connections once every link using them is done: each
+    /// writes the end frame and waits for the receiver to confirm.
+    async fn finish(&self) {
+        if self.users.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return;
+        }
+        let writers = std::mem::take(&mut *lock(&self.writers));
+        let mut acks = Vec::new();
+        for w in writers {
+            let (tx, rx) = oneshot::channel();
+            if w.send(Job::End(tx)).await.is_ok() {
+                acks.push(rx);
+            }
+        }
+        for a in acks {
+            let _ = a.await;
+        }
+    }
+
+    /// Hands an all-reduce part on once every earlier one has gone.
+    fn deliver_reduce(&self, sequence: u64, msg: ReduceMsg) -> Result<(), String> {
+        let mut order = lock(&self.order);
+        if sequence < order.next || order.held.contains_key(&sequence) {
+            return Err(format!("all-reduce part {sequence} came twice"));
+        }
+        if order.held.len() >= MAX_HELD {
+            return Err(format!(
+                "more than {MAX_HELD} all-reduce parts ahead of part {}",
+                order.next
+            ));
+        }
+        order.held.insert(sequence, msg);
+        loop {
+            let next = order.next;
+            let Some(msg) = order.held.remove(&next) else {
+                break;
+            };
+            order.next += 1;
+            let _ = self.forward.send(msg);
+        }
+        Ok(())
+    }
+
+    /// Files a push-sum part; hands the shares that are now whole and next
+    /// in the sender's order to `deliver` as (round, weight, share), in that
+    /// order (under a lock, so that no other connection's share overtakes).
+    fn add_share_part(
+        &self,
+        h: &FrameHeader,
+        payload: Vec<u8>,
+        deliver: &mut dyn FnMut(u64, f64, LeBytes) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let seq = h.sequence;
+        let mut shares = lock(&self.shares);
+        if seq < self.next_share.load(Ordering::SeqCst) {
+            return Err(format!("share {seq} (round {}) came twice", h.round));
+        }
+        if !shares.contains_key(&seq) && shares.len() >= MAX_HELD {
+            return Err(format!("more than {MAX_HELD} shares being assembled"));
+        }
+        let a = shares.entry(seq).or_insert_with(|| Assembly {
+            round: h.round,
+            parts: h.parts,
+            weight: h.weight,
+            got: Vec::new(),
+        });
+        if a.round != h.round || a.parts != h.parts || a.weight.to_bits() != h.weight.to_bits() {
+            return Err(format!(
+                "share {seq} announced as round {} in {} parts of weight {} and as round {} in \
+                 {} of weight {}",
+                a.round, a.parts, a.weight, h.round, h.parts, h.weight
+            ));
+        }
+        if a.got.iter().any(|(p, _, _)| *p == h.part) {
+            return Err(format!("part {} of round {} came twice", h.part, h.round));
+        }
+        a.got.push((h.part, h.offset as usize, payload));
+        if a.got.len() < a.parts as usize {
+            return Ok(());
+        }
+        let mut a = shares.remove(&seq).expect("present above");
+        drop(shares);
+        a.got.sort_by_key(|(p, _, _)| *p);
+        let mut next = 0;
+        for (_, offset, bytes) in &a.got {
+            if *offset != next {
+                return Err(format!(
+                    "the parts of round {}'s share leave a gap or overlap at element {next}",
+                    h.round
+                ));
+            }
+            next += bytes.len() / 4;
+        }
+        if next as u64 != h.total {
+            return Err(format!(
+                "the parts of round {}'s share hold {next} of {} elements",
+                h.round, h.total
+            ));
+        }
+        let parts = a.got.into_iter().map(|(_, o, b)| (o, b)).collect();
+        let mut order = lock(&self.share_order);
+        order.insert(seq, (a.round, a.weight, LeBytes::parts(parts)));
+        loop {
+            let next = self.next_share.load(Ordering::SeqCst);
+            let Some((round, weight, share)) = order.remove(&next) else {
+                return Ok(());
+            };
+            self.next_share.store(next + 1, Ordering::SeqCst);
+            deliver(round, weight, share)?;
+        }
+    }
+}
+
+/// A link that sends its frames over the lane to `peer`: the same queue as
+/// a libp2p link ([`Link`]), so the callers do not know which it is.
+pub(crate) fn spawn_link(
+    shared: Arc<Shared>,
+    lanes: Arc<Lanes>,
+    peer: PeerId,
+    depth: usize,
+) -> Link {
+    let (queue, rx) = mpsc::channel(depth.max(1));
+    let task = tokio::spawn(run_link(shared, lanes, peer, rx));
+    Link { peer, queue, task }
+}
+
+async fn run_link(
+    shared: Arc<Shared>,
+    lanes: Arc<Lanes>,
+    peer: PeerId,
+    mut rx: mpsc::Receiver<Outgoing>,
+) {
+    let wait = shared.cfg.peer_timeout.max(shared.cfg.join_timeout);
+    let Some(session) = lanes.ready(&peer, wait).await else {
+        tracing::error!(%peer, "no data lane to {peer} within {wait:?}; its frames are dropped");
+        while let Some(msg) = rx.recv().await {
+            if let Ok(buf) = Arc::try_unwrap(msg.payload) {
+                shared.pool.give(buf);
+            }
+        }
+        return;
+    };
+    session.users.fetch_add(1, Ordering::SeqCst);
+    while let Some(msg) = rx.recv().await {
+        let header: Result<Header, _> = cbor4ii::serde::from_slice(&msg.header[4..]);
+        let bytes = msg.payload.len() as u64;
+        match header {
+            Ok(h) => match session.send(&h, msg.payload.clone()).await {
+                Ok(()) => {
+                    shared.counters.sent(bytes);
+                    shared.observed.sent(&peer, bytes);
+                }
+                Err(e) => tracing::error!(%peer, "dropped a frame to {peer}: {e}"),
+            },
+            Err(e) => tracing::error!(%peer, "a frame to {peer} has a bad header: {e}"),
+        }
+        drop(msg.header);
+        // The writers hold the payload until written; the last one done
+        // does not give it back to the pool (a small cost, no copy).
+        drop(msg.payload);
+    }
+    session.finish().await;
+}

@@ -1,0 +1,240 @@
+//! Lane offers on the control plane (`/slowmo/lane/1`).
+//!
+//! The peer with the lower id opens a stream to the other and sends an
+//! [`Offer`]: a fresh session id, its key contribution, its lane mode and
+//! the TCP addresses it takes connections on; the other answers with its
+//! own contribution and addresses, or a refusal naming why (not a member
+//! of our view, another lane mode). Both then derive the lane's keys and
+//! dial their connections. Messages are a `u32 LE` length and CBOR.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use libp2p::{PeerId, Stream, StreamProtocol};
+use serde::{Deserialize, Serialize};
+
+use super::crypto::{CONTRIBUTION, LaneKeys, SESSION_ID, random};
+use super::{Lanes, Session, conn};
+use crate::p2p::state::Shared;
+
+pub const LANE_PROTOCOL: &str = "/slowmo/lane/1";
+const MAX_MESSAGE: u32 = 4096;
+const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Offer {
+    version: u16,
+    run_id: String,
+    mode: String,
+    session: Vec<u8>,
+    contribution: Vec<u8>,
+    addrs: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Answer {
+    /// Why the offer is refused; empty when it is taken.
+    refusal: String,
+    contribution: Vec<u8>,
+    addrs: Vec<String>,
+}
+
+async fn write_msg<T: Serialize>(s: &mut Stream, msg: &T) -> Result<(), String> {
+    let body = cbor4ii::serde::to_vec(Vec::new(), msg).map_err(|e| e.to_string())?;
+    s.write_all(&(body.len() as u32).to_le_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(&body).await.map_err(|e| e.to_string())?;
+    s.flush().await.map_err(|e| e.to_string())
+}
+
+async fn read_msg<T: for<'de> Deserialize<'de>>(s: &mut Stream) -> Result<T, String> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.map_err(|e| e.to_string())?;
+    let len = u32::from_le_bytes(len);
+    if len == 0 || len > MAX_MESSAGE {
+        return Err(format!(
+            "lane message of {len} bytes (at most {MAX_MESSAGE})"
+        ));
+    }
+    let mut body = vec![0u8; len as usize];
+    s.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+    cbor4ii::serde::from_slice(&body).map_err(|e| format!("malformed lane message: {e}"))
+}
+
+fn fixed<const N: usize>(bytes: &[u8], what: &str) -> Result<[u8; N], String> {
+    bytes
+        .try_into()
+        .map_err(|_| format!("{what} of {} bytes, expected {N}", bytes.len()))
+}
+
+/// Offers a lane to `peer`, retrying until the peer timeout.
+pub(crate) async fn offer(
+    shared: Arc<Shared>,
+    lanes: Arc<Lanes>,
+    mut control: libp2p_stream::Control,
+    peer: PeerId,
+) {
+    let until = tokio::time::Instant::now() + shared.cfg.peer_timeout;
+    loop {
+        match tokio::time::timeout(
+            OFFER_TIMEOUT,
+            offer_once(&shared, &lanes, &mut control, peer),
+        )
+        .await
+        {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) if e.starts_with("refused") => {
+                tracing::error!(%peer, "{peer} {e}");
+                return;
+            }
+            Ok(Err(e)) => tracing::debug!(%peer, "lane offer to {peer} failed, retrying: {e}"),
+            Err(_) => tracing::debug!(%peer, "lane offer to {peer} timed out, retrying"),
+        }
+        if tokio::time::Instant::now() >= until
+            || shared.stopping.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!(%peer, "no data lane to {peer}: the offers failed until the peer timeout");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn offer_once(
+    shared: &Arc<Shared>,
+    lanes: &Arc<Lanes>,
+    control: &mut libp2p_stream::Control,
+    peer: PeerId,
+) -> Result<(), String> {
+    let mut s = control
+        .open_stream(peer, StreamProtocol::new(LANE_PROTOCOL))
+        .await
+        .map_err(|e| e.to_string())?;
+    let id: [u8; SESSION_ID] = random()?;
+    let ours: [u8; CONTRIBUTION] = random()?;
+    let offer = Offer {
+        version: 1,
+        run_id: shared.cfg.run.run_id.clone(),
+        mode: lanes.mode.name().into(),
+        session: id.to_vec(),
+        contribution: ours.to_vec(),
+        addrs: lanes.announced(),
+    };
+    write_msg(&mut s, &offer).await?;
+    let answer: Answer = read_msg(&mut s).await?;
+    let _ = s.close().await;
+    if !answer.refusal.is_empty() {
+        return Err(format!("refused our data lane offer: {}", answer.refusal));
+    }
+    let theirs = fixed::<CONTRIBUTION>(&answer.contribution, "key contribution")?;
+    let keys = LaneKeys::derive(&id, &shared.local, &ours, &peer, &theirs);
+    let session = Session::new(id, peer, keys, lanes.mode, shared);
+    lanes.register(session.clone());
+    tokio::spawn(conn::open(
+        shared.clone(),
+        lanes.clone(),
+        session,
+        answer.addrs,
+    ));
+    Ok(())
+}
+
+/// Serves offers from members of our view.
+pub(crate) fn spawn_acceptor(
+    shared: &Arc<Shared>,
+    lanes: &Arc<Lanes>,
+    control: &mut libp2p_stream::Control,
+) -> Result<(), String> {
+    let mut incoming = control
+        .accept(StreamProtocol::new(LANE_PROTOCOL))
+        .map_err(|e| format!("{LANE_PROTOCOL}: {e}"))?;
+    let (shared, lanes) = (shared.clone(), lanes.clone());
+    tokio::spawn(async move {
+        while let Some((peer, stream)) = incoming.next().await {
+            let (shared, lanes) = (shared.clone(), lanes.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(OFFER_TIMEOUT * 3, take(&shared, &lanes, peer, stream))
+                    .await
+                {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        shared.counters.dropped();
+                        tracing::warn!(%peer, "refused a data lane offer from {peer}: {e}");
+                    }
+                    Err(_) => tracing::warn!(%peer, "a data lane offer from {peer} took too long"),
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+async fn take(
+    shared: &Arc<Shared>,
+    lanes: &Arc<Lanes>,
+    peer: PeerId,
+    mut s: Stream,
+) -> Result<(), String> {
+    let offer: Offer = read_msg(&mut s).await?;
+    let refusal = async {
+        // Offers may come before our own join finished: wait for the view.
+        let mut rx = shared.view.clone();
+        let wait = shared.cfg.join_timeout + Duration::from_secs(5);
+        let view = match tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await {
+            Ok(Ok(v)) => v.clone().expect("waited for a view"),
+            _ => return Err("we have no view yet".to_string()),
+        };
+        if view.rank_of(&peer).is_none() {
+            return Err(format!("not a member of view {}", view.number));
+        }
+        if offer.version != 1 {
+            return Err(format!("lane version {}, we speak 1", offer.version));
+        }
+        if offer.run_id != shared.cfg.run.run_id {
+            return Err(format!(
+                "run `{}`, ours is `{}`",
+                offer.run_id, shared.cfg.run.run_id
+            ));
+        }
+        if offer.mode != lanes.mode.name() {
+            return Err(format!(
+                "a {} data lane, ours is {} (--data-lane must be the same on every node)",
+                offer.mode, lanes.mode
+            ));
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(why) = refusal {
+        let answer = Answer {
+            refusal: why.clone(),
+            contribution: Vec::new(),
+            addrs: Vec::new(),
+        };
+        let _ = write_msg(&mut s, &answer).await;
+        let _ = s.close().await;
+        return Err(why);
+    }
+    let id = fixed::<SESSION_ID>(&offer.session, "session id")?;
+    let theirs = fixed::<CONTRIBUTION>(&offer.contribution, "key contribution")?;
+    let ours: [u8; CONTRIBUTION] = random()?;
+    let keys = LaneKeys::derive(&id, &shared.local, &ours, &peer, &theirs);
+    let session = Session::new(id, peer, keys, lanes.mode, shared);
+    lanes.register(session.clone());
+    let answer = Answer {
+        refusal: String::new(),
+        contribution: ours.to_vec(),
+        addrs: lanes.announced(),
+    };
+    write_msg(&mut s, &answer).await?;
+    let _ = s.close().await;
+    tokio::spawn(conn::open(
+        shared.clone(),
+        lanes.clone(),
+        session,
+        offer.addrs,
+    ));
+    Ok(())
+}

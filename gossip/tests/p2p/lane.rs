@@ -1,0 +1,106 @@
+//! The data lane: both modes carry shares and all-reduces bit for bit as
+//! libp2p streams do, and connections that do not prove the lane's key are
+//! refused, counted, and leave the node working.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use slowmo_gossip::p2p::{DataLane, P2pComm};
+use slowmo_gossip::{Communicator, PushSumRound};
+
+use crate::common::{group, on_all, shutdown_all};
+
+const N: usize = 300_000;
+
+fn values(rank: usize) -> Vec<f32> {
+    (0..N)
+        .map(|i| ((i * 7 + rank * 13) % 101) as f32 * 0.37 - 11.0)
+        .collect()
+}
+
+/// One push-sum round on a ring of 3 and one all-reduce; the results.
+fn exchange(lane: DataLane) -> Vec<(Vec<f32>, f64, Vec<f32>, f64)> {
+    let comms = group(3, N, |c| c.with_data_lane(lane).with_lane_connections(3));
+    let (comms, out) = on_all(comms, |c| {
+        let r = c.rank();
+        let (right, left) = ((r + 1) % 3, (r + 2) % 3);
+        let mut x = values(r);
+        let mut w = 1.0;
+        let round = PushSumRound {
+            round: 0,
+            out_peers: &[right],
+            in_peers: &[left],
+            staleness: 0,
+        };
+        c.push_sum(&round, &mut x, &mut w).expect("push-sum");
+        let mut y = values(r + 5);
+        let mut s = r as f64 + 0.5;
+        c.all_reduce_sum(&mut y, &mut s).expect("all-reduce");
+        (x, w, y, s)
+    });
+    shutdown_all(comms);
+    out
+}
+
+#[test]
+fn both_lane_modes_give_the_bits_of_libp2p_streams() {
+    let reference = exchange(DataLane::Libp2p);
+    for lane in [DataLane::Encrypted, DataLane::Plaintext] {
+        let got = exchange(lane);
+        for (rank, (a, b)) in reference.iter().zip(&got).enumerate() {
+            assert!(a.0 == b.0 && a.1 == b.1, "{lane}: push-sum of rank {rank}");
+            assert!(
+                a.2.iter()
+                    .map(|v| v.to_bits())
+                    .eq(b.2.iter().map(|v| v.to_bits()))
+                    && a.3 == b.3,
+                "{lane}: all-reduce of rank {rank}"
+            );
+        }
+    }
+}
+
+fn wait_for_drops(victim: &P2pComm, want: u64) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while victim.stats().messages_dropped < want {
+        assert!(
+            Instant::now() < until,
+            "dropped {} connections, expected {want}",
+            victim.stats().messages_dropped
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn connections_without_the_key_are_refused_and_the_node_keeps_working() {
+    let comms = group(2, 1000, |c| c.with_data_lane(DataLane::Encrypted));
+    let victim = &comms[0];
+    let addr = victim.lane_addrs()[0].clone();
+    // Garbage, a truncated hello, and a well-formed hello for a session
+    // nobody offered.
+    let mut hello = b"SLOWLANE".to_vec();
+    hello.extend_from_slice(&[1, 1, 0, 0]);
+    hello.extend_from_slice(&[0xab; 16 + 16 + 32]);
+    let knocks: [&[u8]; 3] = [b"GET / HTTP/1.1\r\n\r\n", b"SLOWLANE\x01", &hello];
+    for (i, knock) in knocks.iter().enumerate() {
+        let mut s = TcpStream::connect(&addr).expect("connect to the lane");
+        s.write_all(knock).expect("write");
+        s.shutdown(std::net::Shutdown::Write).expect("half-close");
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        assert!(answer.is_empty(), "knock {i} got an answer: {answer:?}");
+        wait_for_drops(victim, i as u64 + 1);
+    }
+    let (comms, sums) = on_all(comms, |c| {
+        let mut x = vec![c.rank() as f32 + 1.0; 1000];
+        let mut s = 1.0;
+        c.all_reduce_sum(&mut x, &mut s)
+            .expect("all-reduce after the knocks");
+        (x[999], s)
+    });
+    assert_eq!(sums, vec![(3.0, 2.0), (3.0, 2.0)]);
+    shutdown_all(comms);
+}
