@@ -612,13 +612,13 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
     // dataset.
     config.check_local_nodes(args.nodes, &slowmo_runspec::Resources::of_this_machine())?;
     let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
-    if let Some(m) = args.min_nodes {
-        if m == 0 || m > args.nodes {
-            bail!(
-                "--min-nodes {m}: must be between 1 and --nodes {}",
-                args.nodes
-            );
-        }
+    if let Some(m) = args.min_nodes
+        && (m == 0 || m > args.nodes)
+    {
+        bail!(
+            "--min-nodes {m}: must be between 1 and --nodes {}",
+            args.nodes
+        );
     }
     let out = args.out.clone().unwrap_or_else(default_out);
     let metrics_ports = args
