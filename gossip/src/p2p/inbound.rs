@@ -39,11 +39,12 @@ pub(crate) fn spawn_acceptors(
     Ok(())
 }
 
-/// Counts a served stream for as long as it lives.
-struct Active<'a>(&'a Shared);
+/// Counts a served stream (or lane connection) for as long as it lives:
+/// a graceful shutdown waits for the peers' last frames.
+pub(crate) struct Active<'a>(&'a Shared);
 
 impl<'a> Active<'a> {
-    fn new(shared: &'a Shared) -> Self {
+    pub(crate) fn new(shared: &'a Shared) -> Self {
         shared.inbound_active.fetch_add(1, Ordering::SeqCst);
         Self(shared)
     }

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use super::crypto::{SESSION_ID, TAG, random};
 use super::frame::{FrameHeader, FrameKind, HEADER, RECORD};
 use super::{DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
-use crate::p2p::inbound::check_header;
+use crate::p2p::inbound::{Active, check_header};
 use crate::p2p::payload::{first_non_finite, has_non_finite};
 use crate::p2p::state::{ReduceMsg, Shared, View};
 use crate::p2p::wire::{
@@ -298,23 +298,6 @@ enum Stop {
 impl From<std::io::Error> for Stop {
     fn from(e: std::io::Error) -> Self {
         Stop::Io(e)
-    }
-}
-
-/// Counts a served lane connection as an inbound stream (a graceful
-/// shutdown waits for the peers' last frames).
-struct Active<'a>(&'a Shared);
-
-impl<'a> Active<'a> {
-    fn new(shared: &'a Shared) -> Self {
-        shared.inbound_active.fetch_add(1, Ordering::SeqCst);
-        Self(shared)
-    }
-}
-
-impl Drop for Active<'_> {
-    fn drop(&mut self) {
-        self.0.inbound_active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
