@@ -324,7 +324,10 @@ impl Membership {
         let mut st = lock(&self.state);
         let addrs = parse_addrs("hello", &hello.addrs).unwrap_or_default();
         st.verified.insert(peer, addrs);
-        if st
+        if lock(&self.shared.views.0).fresh.contains(&peer) {
+            // Admitted in this view: this is the process we admitted.
+            st.view_instances.insert(peer, hello.instance);
+        } else if st
             .view_instances
             .get(&peer)
             .is_some_and(|i| *i != 0 && *i != hello.instance)

@@ -99,6 +99,10 @@ pub(crate) enum ViewMsg {
 pub(crate) enum ViewReply {
     Ok,
     Refused(String),
+    /// The answer to a join request from a peer the current view already
+    /// admitted: the decision, again (the first may have been lost while
+    /// the connection to its earlier process was dropped).
+    Admitted(Decision),
 }
 
 /// The header of a state transfer.
@@ -126,7 +130,9 @@ pub(crate) struct BoardState {
     joiners: BTreeMap<PeerId, Vec<String>>,
     /// Peers admitted in the current view (a join request they repeated
     /// before they heard of it is no restart).
-    fresh: HashSet<PeerId>,
+    pub fresh: HashSet<PeerId>,
+    /// The decision that made the current view.
+    last: Option<Decision>,
     /// A state received while joining: (view, sender, bytes).
     state_in: Option<(u64, PeerId, Vec<u8>)>,
 }
@@ -233,7 +239,8 @@ pub(crate) fn spawn_acceptors(
                         }
                     };
                     let reply = match on_view_msg(&s, &m, peer, msg) {
-                        Ok(()) => ViewReply::Ok,
+                        Ok(None) => ViewReply::Ok,
+                        Ok(Some(d)) => ViewReply::Admitted(d),
                         Err(why) => {
                             s.reject_view(&peer, &why);
                             ViewReply::Refused(why)
@@ -276,7 +283,7 @@ fn on_view_msg(
     membership: &Membership,
     peer: PeerId,
     msg: ViewMsg,
-) -> Result<(), String> {
+) -> Result<Option<Decision>, String> {
     let view = shared.view.borrow().clone();
     let ours = view.as_ref().map_or(0, |v| v.number);
     let member_of = |v: &Option<Arc<View>>| v.as_ref().is_some_and(|v| v.rank_of(&peer).is_some());
@@ -289,7 +296,7 @@ fn on_view_msg(
                 parse_peer(p)?;
             }
             if r.view < ours {
-                return Ok(()); // a change we are already past
+                return Ok(None); // a change we are already past
             }
             if r.view == ours && !member_of(&view) {
                 return Err(format!("report about view {ours} from a non-member"));
@@ -301,13 +308,13 @@ fn on_view_msg(
             if r.view == ours {
                 shared.raise(format!("member {peer} began a change of view {ours}"));
             }
-            Ok(())
+            Ok(None)
         }
         ViewMsg::Decided(d) => {
             check_decision(&d)?;
             let inside = d.members.iter().any(|m| m.peer == peer.to_string());
             if d.number <= ours && view.is_some() {
-                return Ok(()); // already installed (or superseded)
+                return Ok(None); // already installed (or superseded)
             }
             if !inside {
                 return Err(format!(
@@ -328,7 +335,7 @@ fn on_view_msg(
                     d.number
                 ));
             }
-            Ok(())
+            Ok(None)
         }
         ViewMsg::Excluded { view: v, reason } => {
             if v != ours || !member_of(&view) {
@@ -336,7 +343,7 @@ fn on_view_msg(
             }
             lock(&shared.views.0).excluded = Some((v, reason.clone()));
             shared.raise(format!("excluded from view {v}: {reason}"));
-            Ok(())
+            Ok(None)
         }
         ViewMsg::Stop { view: v, reason } => {
             if v != ours || !member_of(&view) {
@@ -344,7 +351,7 @@ fn on_view_msg(
             }
             lock(&shared.views.0).stopped = Some((v, reason.clone()));
             shared.raise(format!("the run stops: {reason}"));
-            Ok(())
+            Ok(None)
         }
         ViewMsg::Join { addrs } => {
             if addrs.len() > 64 {
@@ -353,7 +360,12 @@ fn on_view_msg(
             if !membership.is_verified(&peer) {
                 return Err("join request from a peer that did not pass the handshake".into());
             }
-            if member_of(&view) && !lock(&shared.views.0).fresh.contains(&peer) {
+            let fresh = lock(&shared.views.0).fresh.contains(&peer);
+            if fresh {
+                // Admitted already: it has not heard yet.
+                return Ok(lock(&shared.views.0).last.clone());
+            }
+            if member_of(&view) {
                 // Our member asks to join: a new process behind its identity
                 // (the old one is gone), or it was excluded.
                 shared.restarted(&peer, "it asks to join again (restarted)");
@@ -363,7 +375,7 @@ fn on_view_msg(
                 tracing::info!(%peer, "peer {peer} asks to join; admitted at the next barrier");
             }
             b.joiners.insert(peer, addrs);
-            Ok(())
+            Ok(None)
         }
     }
 }
@@ -462,7 +474,7 @@ async fn send(
     mut control: libp2p_stream::Control,
     peer: PeerId,
     msg: ViewMsg,
-) -> Result<(), String> {
+) -> Result<Option<Decision>, String> {
     tokio::time::timeout(SEND_TIMEOUT, async move {
         let mut s = control
             .open_stream(peer, StreamProtocol::new(VIEW_PROTOCOL))
@@ -472,7 +484,8 @@ async fn send(
         let reply: ViewReply = read_msg(&mut s).await.map_err(|e| e.to_string())?;
         let _ = s.close().await;
         match reply {
-            ViewReply::Ok => Ok(()),
+            ViewReply::Ok => Ok(None),
+            ViewReply::Admitted(d) => Ok(Some(d)),
             ViewReply::Refused(why) => Err(format!("refused: {why}")),
         }
     })
@@ -515,7 +528,21 @@ impl super::P2pComm {
             let started = Instant::now();
             loop {
                 match send(control.clone(), peer, msg.clone()).await {
-                    Ok(()) => return,
+                    Ok(None) => return,
+                    Ok(Some(d)) => {
+                        // Only to a join request: the decision that admitted us.
+                        let me = shared.local.to_string();
+                        let valid = matches!(msg, ViewMsg::Join { .. })
+                            && check_decision(&d).is_ok()
+                            && d.members.iter().any(|m| m.peer == peer.to_string())
+                            && d.members.iter().any(|m| m.peer == me);
+                        let mut b = lock(&shared.views.0);
+                        if valid && !b.decided.iter().any(|(_, k)| k.number == d.number) {
+                            tracing::info!(%peer, "{peer} says view {} admitted us", d.number);
+                            b.decided.push((peer, d));
+                        }
+                        return;
+                    }
                     Err(e) if started.elapsed() >= interval => {
                         tracing::debug!(%peer, "{what} to {peer} failed: {e}");
                         if suspect_on_failure {
@@ -873,11 +900,15 @@ impl super::P2pComm {
             number: d.number,
             members,
         });
-        lock(&self.shared.views.0).fresh = d
-            .joined
-            .iter()
-            .filter_map(|p| p.parse::<PeerId>().ok())
-            .collect();
+        {
+            let mut b = lock(&self.shared.views.0);
+            b.fresh = d
+                .joined
+                .iter()
+                .filter_map(|p| p.parse::<PeerId>().ok())
+                .collect();
+            b.last = Some(d.clone());
+        }
         self.pending_joiners = d
             .joined
             .iter()
