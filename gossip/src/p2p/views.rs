@@ -956,26 +956,43 @@ impl super::P2pComm {
         let rt = self.runtime()?;
         let limit = self.shared.cfg.peer_timeout.max(SEND_TIMEOUT);
         for peer in joiners {
-            let mut control = self.control.clone();
+            let control = self.control.clone();
             let header = header.clone();
+            // Tried again until the limit: the joiner may not have heard of
+            // its admission yet, or a stream may be dropped on the way.
             let sent = rt.block_on(async move {
-                tokio::time::timeout(limit, async move {
-                    let mut s = control
-                        .open_stream(peer, StreamProtocol::new(STATE_PROTOCOL))
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    write_msg(&mut s, &header)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    s.write_all(state).await.map_err(|e| e.to_string())?;
-                    s.flush().await.map_err(|e| e.to_string())?;
-                    let mut ack = [0u8; 1];
-                    s.read_exact(&mut ack).await.map_err(|e| e.to_string())?;
-                    let _ = s.close().await;
-                    Ok::<(), String>(())
-                })
-                .await
-                .map_err(|_| format!("not done within {limit:?}"))?
+                let attempt = |mut control: libp2p_stream::Control| {
+                    let header = header.clone();
+                    async move {
+                        let mut s = control
+                            .open_stream(peer, StreamProtocol::new(STATE_PROTOCOL))
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        write_msg(&mut s, &header)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        s.write_all(state).await.map_err(|e| e.to_string())?;
+                        s.flush().await.map_err(|e| e.to_string())?;
+                        let mut ack = [0u8; 1];
+                        s.read_exact(&mut ack).await.map_err(|e| e.to_string())?;
+                        let _ = s.close().await;
+                        Ok::<(), String>(())
+                    }
+                };
+                let until = tokio::time::Instant::now() + limit;
+                loop {
+                    let left = until.saturating_duration_since(tokio::time::Instant::now());
+                    let e = match tokio::time::timeout(left, attempt(control.clone())).await {
+                        Ok(Ok(())) => return Ok(()),
+                        Ok(Err(e)) => e,
+                        Err(_) => format!("not done within {limit:?}"),
+                    };
+                    if tokio::time::Instant::now() >= until {
+                        return Err(e);
+                    }
+                    tracing::debug!(%peer, "state transfer to {peer} failed, trying again: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
             });
             match sent {
                 Ok(()) => {
