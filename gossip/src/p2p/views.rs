@@ -493,6 +493,14 @@ async fn send(
     .map_err(|_| format!("no answer within {SEND_TIMEOUT:?}"))?
 }
 
+/// The coordinator's view of a change: the members that go on (in their
+/// old order), the joiners their reports name, and the reports.
+struct Plan {
+    live: Vec<PeerId>,
+    joiners: BTreeMap<PeerId, Vec<String>>,
+    reports: HashMap<PeerId, Report>,
+}
+
 /// The quorum rule: a strict majority of the old view, or exactly half of
 /// it holding the old view's rank 0.
 pub(crate) fn has_quorum(old: &[PeerId], live: &[PeerId]) -> bool {
@@ -688,9 +696,10 @@ impl super::P2pComm {
                             waiting
                         );
                     }
-                    let size = self.next_size(&old, &heard, &suspects);
+                    let plan = self.plan(&old, &heard, &suspects);
+                    let size = plan.live.len() + plan.joiners.len();
                     if size >= min {
-                        return self.decide(&old, &heard, &suspects);
+                        return self.decide(&old, plan);
                     }
                     if since.elapsed() >= timeout + join_limit {
                         let reason = format!(
@@ -773,31 +782,31 @@ impl super::P2pComm {
         joiners
     }
 
-    /// Size of the view the coordinator would decide now.
-    fn next_size(&self, old: &View, heard: &HashSet<PeerId>, suspects: &HashSet<PeerId>) -> usize {
+    /// What the coordinator would decide now: the members of `old` that go
+    /// on, the joiners their reports name, and the reports.
+    fn plan(&self, old: &View, heard: &HashSet<PeerId>, suspects: &HashSet<PeerId>) -> Plan {
         let live = self.live(old, heard, suspects);
         let reports = lock(&self.shared.views.0)
             .reports
             .get(&old.number)
             .cloned()
             .unwrap_or_default();
-        live.len() + Self::joiners_in(&reports, &live).len()
+        let joiners = Self::joiners_in(&reports, &live);
+        Plan {
+            live,
+            joiners,
+            reports,
+        }
     }
 
     /// The coordinator's decision from the reports of view `old`.
-    fn decide(
-        &mut self,
-        old: &Arc<View>,
-        heard: &HashSet<PeerId>,
-        suspects: &HashSet<PeerId>,
-    ) -> Result<ViewChange, CommError> {
+    fn decide(&mut self, old: &Arc<View>, plan: Plan) -> Result<ViewChange, CommError> {
         let me = self.shared.local;
-        let reports = lock(&self.shared.views.0)
-            .reports
-            .get(&old.number)
-            .cloned()
-            .unwrap_or_default();
-        let live = self.live(old, heard, suspects);
+        let Plan {
+            live,
+            joiners,
+            reports,
+        } = plan;
         if !has_quorum(&old.members, &live) {
             let reason = format!(
                 "{} of the {} members of view {} are reachable, no quorum: waiting to rejoin the \
@@ -822,7 +831,6 @@ impl super::P2pComm {
             .map(|r| r.last_barrier)
             .min()
             .unwrap_or(0);
-        let joiners = Self::joiners_in(&reports, &live);
         let addrs_of = |p: &PeerId| -> Vec<String> {
             let known = self.membership.addrs_of(p);
             if known.is_empty() {
