@@ -59,13 +59,12 @@ pub struct NodeArgs {
     /// Seconds a peer may stay silent during an exchange.
     #[arg(long, default_value_t = 60)]
     pub peer_timeout: u64,
-    /// How tensors travel between nodes: encrypted (a bulk-data lane of TCP
-    /// connections sealed with AES-256-GCM), plaintext (the same lane without
+    /// How tensors travel between nodes: encrypted (the default: a bulk-data lane
+    /// of TCP connections sealed with AES-256-GCM), plaintext (the same lane without
     /// the cipher, still set up only between members; for a private network
-    /// you trust) or libp2p (the control plane's own streams; the default,
-    /// because only it follows view changes so far: a run on the lane stops
-    /// when a peer is lost). Every node of a run must use the same.
-    #[arg(long, default_value = "libp2p")]
+    /// you trust) or libp2p (the control plane's own streams). Every node of
+    /// a run must use the same.
+    #[arg(long, default_value = "encrypted")]
     pub data_lane: slowmo_gossip::p2p::DataLane,
     /// Data-lane connections per direction and peer [default: one per core, 2 to 8].
     #[arg(long)]

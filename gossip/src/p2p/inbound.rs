@@ -112,7 +112,7 @@ async fn wait_for_view(shared: &Shared, at_least: u64) -> Option<Arc<View>> {
 
 /// The view a frame of view `number` is checked against: ours, after
 /// waiting for it if the sender is ahead; an older frame is stale.
-async fn view_for(shared: &Shared, number: u64) -> Result<Arc<View>, ReadError> {
+pub(crate) async fn view_for(shared: &Shared, number: u64) -> Result<Arc<View>, ReadError> {
     let current = shared.view.borrow().clone();
     let ours = current.as_ref().map_or(0, |v| v.number);
     if number < ours {

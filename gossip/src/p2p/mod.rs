@@ -530,7 +530,7 @@ pub(crate) fn spawn_links(
         lanes.connect_view(shared, control, view);
     }
     let spawn = |peer: PeerId, protocol: &'static str, depth: usize| match &lanes {
-        Some(lanes) => lane::spawn_link(shared.clone(), lanes.clone(), peer, depth),
+        Some(lanes) => lane::spawn_link(shared.clone(), lanes.clone(), peer, view.number, depth),
         None => Link::spawn(
             shared.clone(),
             control.clone(),

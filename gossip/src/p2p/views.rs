@@ -577,14 +577,6 @@ impl super::P2pComm {
     /// The coordinator does not decide a view smaller than `min_nodes`: it
     /// waits (up to the join timeout) for joiners, then stops the run.
     pub(super) fn change_view_p2p(&mut self, last_barrier: u64) -> Result<ViewChange, CommError> {
-        if self.shared.lanes.get().is_some() {
-            return Err(CommError::Other(
-                "the membership must change (a peer is lost, or one asks to join), but the data \
-                 lane does not follow view changes yet: run with --data-lane libp2p to survive \
-                 lost peers"
-                    .into(),
-            ));
-        }
         if !self.is_member() {
             return Ok(ViewChange::Excluded(format!(
                 "outside view {}: waiting to be admitted",
@@ -1121,6 +1113,10 @@ impl super::P2pComm {
         }
         *lock(&self.shared.alarm) = None;
         self.membership.install(view.clone());
+        if let Some(lanes) = self.shared.lanes.get() {
+            // Lanes serve one view: the new one's are offered below.
+            lanes.retire_before(view.number);
+        }
         if let (Some(rank), Some(rt)) = (rank, self.rt.as_ref()) {
             let _guard = rt.enter();
             let (push, ring) = super::spawn_links(&self.shared, &self.control, &view, rank);

@@ -4,7 +4,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use slowmo_gossip::p2p::{P2pComm, P2pConfig};
+use slowmo_gossip::p2p::{DataLane, P2pComm, P2pConfig};
 use slowmo_gossip::{Communicator, ViewChange};
 
 use super::common::{config, init_logs, shutdown_all};
@@ -12,9 +12,14 @@ use super::common::{config, init_logs, shutdown_all};
 const PAYLOAD: usize = 64;
 
 fn cfg_for(dir: &std::path::Path, i: usize, nodes: usize) -> P2pConfig {
+    cfg_with(dir, i, nodes, DataLane::default())
+}
+
+fn cfg_with(dir: &std::path::Path, i: usize, nodes: usize, lane: DataLane) -> P2pConfig {
     let mut cfg = config(nodes, PAYLOAD)
         .with_identity_file(dir.join(format!("node{i}.key")))
-        .with_peer_timeout(Duration::from_secs(4));
+        .with_peer_timeout(Duration::from_secs(4))
+        .with_data_lane(lane);
     cfg.listen = vec!["/ip4/127.0.0.1/tcp/0".into()];
     cfg
 }
@@ -22,12 +27,20 @@ fn cfg_for(dir: &std::path::Path, i: usize, nodes: usize) -> P2pConfig {
 /// Starts `n` nodes with identity files in `dir`; returns them by rank and
 /// the bootstrap addresses of the first.
 fn start(dir: &std::path::Path, n: usize) -> (Vec<(usize, P2pComm)>, Vec<String>) {
+    start_with(dir, n, DataLane::default())
+}
+
+fn start_with(
+    dir: &std::path::Path,
+    n: usize,
+    lane: DataLane,
+) -> (Vec<(usize, P2pComm)>, Vec<String>) {
     init_logs();
-    let first = P2pComm::bind(cfg_for(dir, 0, n)).expect("bind node 0");
+    let first = P2pComm::bind(cfg_with(dir, 0, n, lane)).expect("bind node 0");
     let boot = first.listen_addrs();
     let mut handles = vec![thread::spawn(move || (0, first.join()))];
     for i in 1..n {
-        let cfg = cfg_for(dir, i, n).with_bootstrap(boot.clone());
+        let cfg = cfg_with(dir, i, n, lane).with_bootstrap(boot.clone());
         handles.push(thread::spawn(move || (i, P2pComm::start(cfg))));
     }
     let mut comms: Vec<(usize, P2pComm)> = handles
@@ -59,10 +72,17 @@ fn sum_through_changes(c: &mut P2pComm, last_barrier: u64) -> (f32, Option<ViewC
     panic!("no working view after four changes");
 }
 
+/// The data lane (the default) and libp2p streams both follow the change.
 #[test]
 fn a_lost_member_is_left_out_and_the_others_go_on() {
+    for lane in [DataLane::Encrypted, DataLane::Libp2p] {
+        lost_member_left_out(lane);
+    }
+}
+
+fn lost_member_left_out(lane: DataLane) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut comms, _) = start(dir.path(), 4);
+    let (mut comms, _) = start_with(dir.path(), 4, lane);
     let lost = comms.pop().unwrap().1;
     let lost_id = lost.local_peer_id();
     // A crash: no goodbye, the connections just close.
@@ -97,7 +117,7 @@ fn a_lost_member_is_left_out_and_the_others_go_on() {
     // Closed connections are noticed at once, not after the peer timeout.
     assert!(
         started.elapsed() < Duration::from_secs(4),
-        "view change took {:?}",
+        "{lane}: view change took {:?}",
         started.elapsed()
     );
     shutdown_all(survivors);

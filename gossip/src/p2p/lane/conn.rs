@@ -19,11 +19,11 @@ use tokio::sync::mpsc;
 use super::crypto::{SESSION_ID, TAG, random};
 use super::frame::{FrameHeader, FrameKind, HEADER, RECORD};
 use super::{DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
-use crate::p2p::inbound::{Active, check_header};
+use crate::p2p::inbound::{Active, check_header, view_for};
 use crate::p2p::payload::{first_non_finite, has_non_finite};
-use crate::p2p::state::{ReduceMsg, Shared, View};
+use crate::p2p::state::{ReduceMsg, Shared};
 use crate::p2p::wire::{
-    ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, Reject, WIRE_VERSION,
+    ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, ReadError, Reject, WIRE_VERSION,
 };
 
 const MAGIC: &[u8; 8] = b"SLOWLANE";
@@ -293,6 +293,20 @@ enum Stop {
     Io(std::io::Error),
     /// A frame we refuse: the connection is out of step now and is closed.
     Rejected(Reject),
+    /// A frame of a view we have left: the connection is closed without
+    /// blame (its sender has left that view too, or soon will).
+    Stale { view: u64, ours: u64 },
+}
+
+impl From<ReadError> for Stop {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Stale { view, ours } => Stop::Stale { view, ours },
+            ReadError::Rejected(r) => Stop::Rejected(r),
+            ReadError::Io(e) => Stop::Io(e),
+            ReadError::Eof => Stop::Io(std::io::ErrorKind::UnexpectedEof.into()),
+        }
+    }
 }
 
 impl From<std::io::Error> for Stop {
@@ -384,19 +398,11 @@ async fn read_loop(
                 shared.reject(&peer, LANE, &reason);
                 return;
             }
+            Err(Stop::Stale { view, ours }) => {
+                tracing::debug!(%peer, "lane frame of view {view} from {peer} after our view {ours} began; closing connection {index}");
+                return;
+            }
         }
-    }
-}
-
-/// The view our frames are checked against: the current one.
-async fn current_view(shared: &Shared) -> Result<Arc<View>, Stop> {
-    let mut rx = shared.view.clone();
-    let wait = shared.cfg.join_timeout + Duration::from_secs(5);
-    match tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await {
-        Ok(Ok(v)) => Ok(v.clone().expect("waited for a view")),
-        _ => Err(Stop::Io(std::io::Error::other(
-            "no view within the join timeout",
-        ))),
     }
 }
 
@@ -424,7 +430,14 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
     };
     let shared = r.shared;
     let peer = r.session.peer;
-    let view = current_view(shared).await?;
+    if h.view != r.session.view {
+        return Err(Stop::Rejected(Reject::View {
+            expected: r.session.view,
+            got: h.view,
+        }));
+    }
+    // Ours, once we are there; a frame of a view we left is stale.
+    let view = view_for(shared, h.view).await?;
     let push = kind == Kind::PushSum;
     // The frame as the libp2p streams would have carried it (for a share,
     // the whole share: the part is checked against it below).
@@ -460,8 +473,8 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
         }
         shared
             .push_inbox
-            .admit(h.round, from)
-            .map_err(|e| Stop::Rejected(e.into()))?;
+            .admit_in(view.number, h.round, from)
+            .map_err(refused)?;
     }
     let bytes = h.payload_bytes() as usize;
     let mut buf = super::super::payload::sized(shared.pool.take(bytes), bytes);
@@ -470,22 +483,23 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
     shared.counters.received(wire);
     shared.observed.received(&peer, wire);
     if push {
-        let mut refused = None;
+        let mut why = None;
         let mut deliver = |round, weight, share| {
             shared
                 .push_inbox
-                .deliver(round, from, weight, share)
+                .deliver_in(view.number, round, from, weight, share)
                 .map_err(|e| {
-                    let reason: Reject = e.into();
-                    let text = reason.to_string();
-                    refused = Some(reason);
+                    let stop = refused(e);
+                    let text = match &stop {
+                        Stop::Rejected(r) => r.to_string(),
+                        _ => "stale".to_string(),
+                    };
+                    why = Some(stop);
                     text
                 })
         };
         if let Err(e) = r.session.add_share_part(&h, buf, &mut deliver) {
-            return Err(Stop::Rejected(
-                refused.unwrap_or(Reject::MalformedHeader(e)),
-            ));
+            return Err(why.unwrap_or(Stop::Rejected(Reject::MalformedHeader(e))));
         }
     } else {
         let msg = ReduceMsg {
@@ -498,4 +512,13 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
             .map_err(|e| Stop::Rejected(Reject::MalformedHeader(e)))?;
     }
     Ok(true)
+}
+
+/// A share the push-sum inbox refused: stale after a view change, or the
+/// sender's fault.
+fn refused(r: crate::ledger::Refusal) -> Stop {
+    match r {
+        crate::ledger::Refusal::Stale { epoch, ours } => Stop::Stale { view: epoch, ours },
+        r => Stop::Rejected(r.into()),
+    }
 }

@@ -49,14 +49,13 @@ use frame::{FrameHeader, FrameKind};
 /// How tensor bytes travel between members.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataLane {
-    /// The lane, every record sealed with AES-256-GCM.
+    /// The lane, every record sealed with AES-256-GCM (the default).
+    #[default]
     Encrypted,
     /// The lane without the cipher: the connections are still set up only
     /// by peers that hold the lane's key (for a private network one trusts).
     Plaintext,
-    /// No lane: tensors go over libp2p streams like the control messages
-    /// (the default: the lane does not follow view changes yet).
-    #[default]
+    /// No lane: tensors go over libp2p streams like the control messages.
     Libp2p,
 }
 
@@ -143,11 +142,14 @@ struct Assembly {
     got: Vec<(u16, usize, Vec<u8>)>,
 }
 
-/// The lane between us and one peer.
+/// The lane between us and one peer in one view: a view change starts
+/// new sessions (fresh keys, counts from zero) and retires the old ones.
 pub(crate) struct Session {
     pub id: [u8; SESSION_ID],
     pub local: PeerId,
     pub peer: PeerId,
+    /// The view whose frames the session carries.
+    pub view: u64,
     pub keys: LaneKeys,
     pub mode: DataLane,
     /// Our connections' writers, once dialed.
@@ -161,6 +163,8 @@ pub(crate) struct Session {
     messages: AtomicU64,
     /// Links using the lane: the last one gone ends it.
     users: AtomicUsize,
+    /// Retired (a later view, or a newer session with the same peer).
+    closed: std::sync::atomic::AtomicBool,
     order: Mutex<ReduceOrder>,
     forward: mpsc::UnboundedSender<ReduceMsg>,
     /// Our count of push-sum shares sent.
@@ -181,7 +185,7 @@ pub(crate) struct Lanes {
     bound: IpAddr,
     listen: Arc<Mutex<Vec<Multiaddr>>>,
     sessions: Mutex<HashMap<[u8; SESSION_ID], Arc<Session>>>,
-    by_peer: Mutex<HashMap<PeerId, Arc<Session>>>,
+    by_peer: Mutex<HashMap<(PeerId, u64), Arc<Session>>>,
     changed: Notify,
     /// Probe bytes received (the transport benchmark).
     pub probe_bytes: AtomicU64,
@@ -257,14 +261,15 @@ impl Lanes {
             .collect()
     }
 
-    /// Offers lanes to the members of `view` whose id is above ours (they
-    /// offer to us otherwise).
+    /// Retires the sessions of earlier views and offers lanes for `view` to
+    /// its members whose id is above ours (they offer to us otherwise).
     pub fn connect_view(
         self: &Arc<Self>,
         shared: &Arc<Shared>,
         control: &libp2p_stream::Control,
         view: &View,
     ) {
+        self.retire_before(view.number);
         let local = shared.local.to_bytes();
         for peer in &view.members {
             if peer.to_bytes() > local {
@@ -273,6 +278,7 @@ impl Lanes {
                     self.clone(),
                     control.clone(),
                     *peer,
+                    view.number,
                 ));
             }
         }
@@ -280,10 +286,29 @@ impl Lanes {
 
     fn register(&self, session: Arc<Session>) {
         lock(&self.sessions).insert(session.id, session.clone());
-        if let Some(old) = lock(&self.by_peer).insert(session.peer, session) {
+        let key = (session.peer, session.view);
+        if let Some(old) = lock(&self.by_peer).insert(key, session) {
             lock(&self.sessions).remove(&old.id);
+            old.close();
         }
         self.changed.notify_waiters();
+    }
+
+    /// Forgets the sessions of views before `view`: their writers end (a
+    /// link of an old view was aborted mid-message, so its counts are no
+    /// longer the receiver's), connections to them are refused, and their
+    /// readers stop at the end of the peer's connections.
+    pub(crate) fn retire_before(&self, view: u64) {
+        let old: Vec<Arc<Session>> = {
+            let mut by_peer = lock(&self.by_peer);
+            let keys: Vec<_> = by_peer.keys().filter(|k| k.1 < view).copied().collect();
+            keys.iter().filter_map(|k| by_peer.remove(k)).collect()
+        };
+        let mut sessions = lock(&self.sessions);
+        for s in old {
+            sessions.remove(&s.id);
+            s.close();
+        }
     }
 
     fn session_by_id(&self, id: &[u8; SESSION_ID]) -> Option<Arc<Session>> {
@@ -305,12 +330,12 @@ impl Lanes {
         }
     }
 
-    /// Waits up to `wait` for our connections to `peer` to be up.
-    pub async fn ready(&self, peer: &PeerId, wait: Duration) -> Option<Arc<Session>> {
+    /// Waits up to `wait` for our connections to `peer` in `view` to be up.
+    pub async fn ready(&self, peer: &PeerId, view: u64, wait: Duration) -> Option<Arc<Session>> {
         let until = tokio::time::Instant::now() + wait;
         loop {
             let changed = self.changed.notified();
-            let session = lock(&self.by_peer).get(peer).cloned();
+            let session = lock(&self.by_peer).get(&(*peer, view)).cloned();
             if let Some(s) = session {
                 let waker = s.clone();
                 let ready = waker.ready.notified();
@@ -334,6 +359,7 @@ impl Session {
     fn new(
         id: [u8; SESSION_ID],
         peer: PeerId,
+        view: u64,
         keys: LaneKeys,
         mode: DataLane,
         shared: &Arc<Shared>,
@@ -353,6 +379,7 @@ impl Session {
             id,
             local: shared.local,
             peer,
+            view,
             keys,
             mode,
             writers: Mutex::new(Vec::new()),
@@ -361,6 +388,7 @@ impl Session {
             sequence: AtomicU64::new(0),
             messages: AtomicU64::new(0),
             users: AtomicUsize::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
             order: Mutex::new(ReduceOrder::default()),
             forward,
             share_sequence: AtomicU64::new(0),
@@ -371,7 +399,18 @@ impl Session {
     }
 
     fn set_writers(&self, writers: Vec<mpsc::Sender<Job>>) {
+        if self.closed.load(Ordering::SeqCst) {
+            // Retired while dialing: the writers end with the senders.
+            return;
+        }
         *lock(&self.writers) = writers;
+        self.ready.notify_waiters();
+    }
+
+    /// Ends the session at once: the writers stop after what they hold.
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        lock(&self.writers).clear();
         self.ready.notify_waiters();
     }
 
@@ -553,10 +592,11 @@ pub(crate) fn spawn_link(
     shared: Arc<Shared>,
     lanes: Arc<Lanes>,
     peer: PeerId,
+    view: u64,
     depth: usize,
 ) -> Link {
     let (queue, rx) = mpsc::channel(depth.max(1));
-    let task = tokio::spawn(run_link(shared, lanes, peer, rx));
+    let task = tokio::spawn(run_link(shared, lanes, peer, view, rx));
     Link { peer, queue, task }
 }
 
@@ -564,11 +604,12 @@ async fn run_link(
     shared: Arc<Shared>,
     lanes: Arc<Lanes>,
     peer: PeerId,
+    view: u64,
     mut rx: mpsc::Receiver<Outgoing>,
 ) {
     let wait = shared.cfg.peer_timeout.max(shared.cfg.join_timeout);
-    let Some(session) = lanes.ready(&peer, wait).await else {
-        tracing::error!(%peer, "no data lane to {peer} within {wait:?}; its frames are dropped");
+    let Some(session) = lanes.ready(&peer, view, wait).await else {
+        tracing::error!(%peer, "no data lane to {peer} in view {view} within {wait:?}; its frames are dropped");
         while let Some(msg) = rx.recv().await {
             if let Ok(buf) = Arc::try_unwrap(msg.payload) {
                 shared.pool.give(buf);

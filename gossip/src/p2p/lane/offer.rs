@@ -1,11 +1,13 @@
-//! Lane offers on the control plane (`/slowmo/lane/1`).
+//! Lane offers on the control plane (`/slowmo/lane/2`).
 //!
-//! The peer with the lower id opens a stream to the other and sends an
-//! [`Offer`]: a fresh session id, its key contribution, its lane mode and
-//! the TCP addresses it takes connections on; the other answers with its
+//! For each view, the peer with the lower id opens a stream to the other
+//! and sends an [`Offer`]: the view, a fresh session id, its key
+//! contribution, its lane mode and the TCP addresses it takes connections
+//! on; the other (once it has installed that view too) answers with its
 //! own contribution and addresses, or a refusal naming why (not a member
-//! of our view, another lane mode). Both then derive the lane's keys and
-//! dial their connections. Messages are a `u32 LE` length and CBOR.
+//! of the view, an older view, another lane mode). Both then derive the
+//! lane's keys and dial their connections. Messages are a `u32 LE` length
+//! and CBOR.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +20,8 @@ use super::crypto::{CONTRIBUTION, LaneKeys, SESSION_ID, random};
 use super::{Lanes, Session, conn};
 use crate::p2p::state::Shared;
 
-pub const LANE_PROTOCOL: &str = "/slowmo/lane/1";
+pub const LANE_PROTOCOL: &str = "/slowmo/lane/2";
+const OFFER_VERSION: u16 = 2;
 const MAX_MESSAGE: u32 = 4096;
 const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -26,6 +29,8 @@ const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
 struct Offer {
     version: u16,
     run_id: String,
+    /// The view the lane serves.
+    view: u64,
     mode: String,
     session: Vec<u8>,
     contribution: Vec<u8>,
@@ -69,24 +74,35 @@ fn fixed<const N: usize>(bytes: &[u8], what: &str) -> Result<[u8; N], String> {
         .map_err(|_| format!("{what} of {} bytes, expected {N}", bytes.len()))
 }
 
-/// Offers a lane to `peer`, retrying until the peer timeout.
+/// Offers a lane for `view` to `peer`, retrying until the peer timeout or
+/// until a later view is ours.
 pub(crate) async fn offer(
     shared: Arc<Shared>,
     lanes: Arc<Lanes>,
     mut control: libp2p_stream::Control,
     peer: PeerId,
+    view: u64,
 ) {
     let until = tokio::time::Instant::now() + shared.cfg.peer_timeout;
     loop {
         match tokio::time::timeout(
             OFFER_TIMEOUT,
-            offer_once(&shared, &lanes, &mut control, peer),
+            offer_once(&shared, &lanes, &mut control, peer, view),
         )
         .await
         {
             Ok(Ok(())) => return,
+            Ok(Err(_)) | Err(_) if superseded_view(&shared, view) => {
+                tracing::debug!(%peer, "lane offer to {peer} for view {view} dropped: a later view began");
+                return;
+            }
             Ok(Err(e)) if e.starts_with("refused") => {
-                tracing::error!(%peer, "{peer} {e}");
+                if e.contains("we are in view") {
+                    // The peer is a view ahead of us: we follow soon.
+                    tracing::debug!(%peer, "{peer} {e}");
+                } else {
+                    tracing::error!(%peer, "{peer} {e}");
+                }
                 return;
             }
             Ok(Err(e)) => tracing::debug!(%peer, "lane offer to {peer} failed, retrying: {e}"),
@@ -107,6 +123,7 @@ async fn offer_once(
     lanes: &Arc<Lanes>,
     control: &mut libp2p_stream::Control,
     peer: PeerId,
+    view: u64,
 ) -> Result<(), String> {
     let mut s = control
         .open_stream(peer, StreamProtocol::new(LANE_PROTOCOL))
@@ -115,8 +132,9 @@ async fn offer_once(
     let id: [u8; SESSION_ID] = random()?;
     let ours: [u8; CONTRIBUTION] = random()?;
     let offer = Offer {
-        version: 1,
+        version: OFFER_VERSION,
         run_id: shared.cfg.run.run_id.clone(),
+        view,
         mode: lanes.mode.name().into(),
         session: id.to_vec(),
         contribution: ours.to_vec(),
@@ -130,7 +148,10 @@ async fn offer_once(
     }
     let theirs = fixed::<CONTRIBUTION>(&answer.contribution, "key contribution")?;
     let keys = LaneKeys::derive(&id, &shared.local, &ours, &peer, &theirs);
-    let session = Session::new(id, peer, keys, lanes.mode, shared);
+    if superseded_view(shared, view) {
+        return Err(format!("view {view} is over"));
+    }
+    let session = Session::new(id, peer, view, keys, lanes.mode, shared);
     lanes.register(session.clone());
     tokio::spawn(conn::open(
         shared.clone(),
@@ -179,18 +200,32 @@ async fn take(
 ) -> Result<(), String> {
     let offer: Offer = read_msg(&mut s).await?;
     let refusal = async {
-        // Offers may come before our own join finished: wait for the view.
+        if offer.version != OFFER_VERSION {
+            return Err(format!(
+                "lane version {}, we speak {OFFER_VERSION}",
+                offer.version
+            ));
+        }
+        // Offers may come before our own join finished, or before we
+        // installed the offer's view: wait for it.
         let mut rx = shared.view.clone();
-        let wait = shared.cfg.join_timeout + Duration::from_secs(5);
-        let view = match tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await {
-            Ok(Ok(v)) => v.clone().expect("waited for a view"),
-            _ => return Err("we have no view yet".to_string()),
+        let wait = shared.cfg.join_timeout.max(shared.cfg.peer_timeout) + Duration::from_secs(5);
+        let wanted = offer.view;
+        let ready = |v: &Option<Arc<crate::p2p::state::View>>| {
+            v.as_ref().is_some_and(|v| v.number >= wanted)
         };
+        let view = match tokio::time::timeout(wait, rx.wait_for(ready)).await {
+            Ok(Ok(v)) => v.clone().expect("waited for a view"),
+            _ => return Err(format!("we did not reach view {wanted}")),
+        };
+        if view.number != wanted {
+            return Err(format!(
+                "an offer for view {wanted}, we are in view {}",
+                view.number
+            ));
+        }
         if view.rank_of(&peer).is_none() {
             return Err(format!("not a member of view {}", view.number));
-        }
-        if offer.version != 1 {
-            return Err(format!("lane version {}, we speak 1", offer.version));
         }
         if offer.run_id != shared.cfg.run.run_id {
             return Err(format!(
@@ -221,7 +256,7 @@ async fn take(
     let theirs = fixed::<CONTRIBUTION>(&offer.contribution, "key contribution")?;
     let ours: [u8; CONTRIBUTION] = random()?;
     let keys = LaneKeys::derive(&id, &shared.local, &ours, &peer, &theirs);
-    let session = Session::new(id, peer, keys, lanes.mode, shared);
+    let session = Session::new(id, peer, offer.view, keys, lanes.mode, shared);
     lanes.register(session.clone());
     let answer = Answer {
         refusal: String::new(),
@@ -237,4 +272,13 @@ async fn take(
         offer.addrs,
     ));
     Ok(())
+}
+
+/// Whether our view is later than `view`.
+fn superseded_view(shared: &Shared, view: u64) -> bool {
+    shared
+        .view
+        .borrow()
+        .as_ref()
+        .is_some_and(|v| v.number > view)
 }

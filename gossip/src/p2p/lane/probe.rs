@@ -73,9 +73,10 @@ impl P2pComm {
             .get(rank)
             .ok_or_else(|| CommError::Other(format!("no rank {rank} in the view")))?;
         let wait = self.shared.cfg.peer_timeout;
+        let view = self.view.number;
         let rt = self.runtime()?;
         rt.block_on(async move {
-            let session = lanes.ready(&peer, wait).await.ok_or_else(|| {
+            let session = lanes.ready(&peer, view, wait).await.ok_or_else(|| {
                 CommError::Other(format!("no data lane to {peer} within {wait:?}"))
             })?;
             let payload = Arc::new(vec![7u8; bytes]);
