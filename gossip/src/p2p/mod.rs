@@ -643,13 +643,10 @@ impl Communicator for P2pComm {
             .begin(&self.shared.push_inbox, round.round, round.in_peers)?;
         if !round.out_peers.is_empty() {
             let p = push_sum_share(round.out_peers.len());
-            let pf = p as f32;
-            for v in x.iter_mut() {
-                *v *= pf;
-            }
             *w *= p;
             let lane = self.shared.lanes.get().is_some();
-            let (payload, sum) = payload::encode_for(lane, x, self.shared.pool.take(4 * x.len()));
+            let buf = self.shared.pool.take(4 * x.len());
+            let (payload, sum) = payload::scale_and_encode(lane, x, p as f32, buf);
             let payload = Arc::new(payload);
             let header = wire::encode_header(&Header {
                 version: WIRE_VERSION,

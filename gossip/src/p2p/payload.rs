@@ -129,6 +129,30 @@ pub(crate) fn encode_for(lane: bool, floats: &[f32], buf: Vec<u8>) -> (Vec<u8>, 
     }
 }
 
+/// Multiplies `floats` by `factor` in place and encodes the result for the
+/// node's transport ([`encode_for`]) in the same pass, a cache-sized block
+/// at a time: the push-sum share is written while the scaled values are
+/// still in cache.
+pub(crate) fn scale_and_encode(
+    lane: bool,
+    floats: &mut [f32],
+    factor: f32,
+    buf: Vec<u8>,
+) -> (Vec<u8>, u64) {
+    let mut buf = sized(buf, 4 * floats.len());
+    let mut scan = Scan::default();
+    for (dst, src) in buf.chunks_mut(4 * BLOCK).zip(floats.chunks_mut(BLOCK)) {
+        for (d, v) in dst.chunks_exact_mut(4).zip(src.iter_mut()) {
+            *v *= factor;
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+        if !lane {
+            scan.feed(dst);
+        }
+    }
+    (buf, if lane { 0 } else { scan.checksum() })
+}
+
 /// `floats` as little-endian bytes in a new buffer.
 pub fn f32_to_bytes(floats: &[f32]) -> Vec<u8> {
     encode_f32(floats, Vec::new()).0
@@ -278,6 +302,23 @@ mod tests {
             }
             assert_eq!(s.checksum(), sum, "pieces of {piece}");
             assert!(!s.non_finite());
+        }
+    }
+
+    #[test]
+    fn scaling_while_encoding_gives_the_bits_of_scaling_then_encoding() {
+        let x: Vec<f32> = (0..10_007).map(|i| i as f32 * 0.37 - 11.0).collect();
+        let mut scaled = x.clone();
+        scaled.iter_mut().for_each(|v| *v *= 1.0 / 3.0);
+        for lane in [false, true] {
+            let mut y = x.clone();
+            let (bytes, sum) = scale_and_encode(lane, &mut y, 1.0 / 3.0, vec![1u8; 17]);
+            assert!(
+                y.iter()
+                    .zip(&scaled)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
+            assert_eq!((bytes, sum), encode_for(lane, &scaled, Vec::new()));
         }
     }
 
