@@ -35,6 +35,10 @@ pub struct BenchArgs {
     /// Transport between the nodes.
     #[arg(long, value_enum, default_value_t = Transport::Quic)]
     pub transport: Transport,
+    /// How tensors travel: encrypted, plaintext or libp2p [default: the
+    /// nodes' default, the encrypted data lane].
+    #[arg(long)]
+    pub data_lane: Option<String>,
     /// Folder for the runs' files [default: a new folder under testnet-runs/].
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -142,7 +146,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             threads: 1,
             join_timeout: 60,
             peer_timeout: 60,
-            node_args: Vec::new(),
+            node_args: args
+                .data_lane
+                .iter()
+                .flat_map(|lane| ["--data-lane".to_string(), lane.clone()])
+                .collect(),
             quiet: true,
             force: args.force,
             stop_grace: 15,
@@ -171,9 +179,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let base = rows[0].step;
     println!(
-        "{} nodes on this machine, {model}, {:?}, {} timed steps; files in {}",
+        "{} nodes on this machine, {model}, {:?}, data lane {}, {} timed steps; files in {}",
         args.nodes,
         args.transport,
+        args.data_lane.as_deref().unwrap_or("default"),
         args.steps,
         out.display()
     );
