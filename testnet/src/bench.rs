@@ -48,6 +48,9 @@ pub struct BenchArgs {
     /// Reuse --out: each run's earlier files are removed first.
     #[arg(long)]
     pub force: bool,
+    /// Print the figures as one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// One measured configuration.
@@ -178,6 +181,33 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         });
     }
     let base = rows[0].step;
+    if args.json {
+        let runs: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "run": r.label,
+                    "ms_per_step": r.step * 1e3,
+                    "slowest_node_ms": r.slowest * 1e3,
+                    "steps_per_s": 1.0 / r.step,
+                    "overhead": r.step / base - 1.0,
+                    "gossip_rounds": r.rounds,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "bench": "testnet",
+            "nodes": args.nodes,
+            "model": model.to_string(),
+            "transport": format!("{:?}", args.transport).to_lowercase(),
+            "data_lane": args.data_lane.as_deref().unwrap_or("encrypted"),
+            "steps": args.steps,
+            "out": out.display().to_string(),
+            "runs": runs,
+        });
+        println!("{doc}");
+        return Ok(());
+    }
     println!(
         "{} nodes on this machine, {model}, {:?}, data lane {}, {} timed steps; files in {}",
         args.nodes,

@@ -235,3 +235,43 @@ fn the_testnet_benchmark_prints_only_its_table_on_stdout() {
         assert!(line.starts_with(label), "{line}");
     }
 }
+
+#[test]
+fn the_testnet_benchmark_prints_one_json_document_with_json() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["bench", "--nodes", "2", "--steps", "5", "--json"])
+        .args(["--data-lane", "plaintext"])
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .arg("--out")
+        .arg(out_dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(doc["bench"], "testnet");
+    assert_eq!(doc["data_lane"], "plaintext");
+    let runs = doc["runs"].as_array().expect("runs");
+    let labels: Vec<&str> = runs.iter().map(|r| r["run"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        [
+            "no communication",
+            "sgp",
+            "osgp",
+            "osgp background",
+            "slowmo-sgp"
+        ]
+    );
+    for r in runs {
+        assert!(r["ms_per_step"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert_eq!(runs[0]["overhead"].as_f64(), Some(0.0));
+}
