@@ -95,6 +95,11 @@ fn gather_blocks_never_panic() {
 }
 
 #[test]
+fn data_lane_frames_never_panic() {
+    exercise_all_seeds("lane");
+}
+
+#[test]
 fn membership_hellos_never_panic() {
     exercise_all_seeds("hello");
 }

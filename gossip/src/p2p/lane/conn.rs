@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use libp2p::PeerId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -19,9 +20,11 @@ use tokio::sync::mpsc;
 use super::crypto::{SESSION_ID, TAG, random};
 use super::frame::{FrameHeader, FrameKind, HEADER, RECORD};
 use super::{DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
+use crate::Rank;
+use crate::p2p::config::P2pConfig;
 use crate::p2p::inbound::{Active, check_header, view_for};
 use crate::p2p::payload::{first_non_finite, has_non_finite};
-use crate::p2p::state::{ReduceMsg, Shared};
+use crate::p2p::state::{ReduceMsg, Shared, View};
 use crate::p2p::wire::{
     ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, ReadError, Reject, WIRE_VERSION,
 };
@@ -430,47 +433,13 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
     };
     let shared = r.shared;
     let peer = r.session.peer;
-    if h.view != r.session.view {
-        return Err(Stop::Rejected(Reject::View {
-            expected: r.session.view,
-            got: h.view,
-        }));
-    }
+    check_session_view(r.session.view, &h).map_err(Stop::Rejected)?;
     // Ours, once we are there; a frame of a view we left is stale.
     let view = view_for(shared, h.view).await?;
     let push = kind == Kind::PushSum;
-    // The frame as the libp2p streams would have carried it (for a share,
-    // the whole share: the part is checked against it below).
-    let as_frame = Header {
-        version: WIRE_VERSION,
-        run_id: shared.cfg.run.run_id.clone(),
-        view: h.view,
-        sender: peer.to_string(),
-        round: h.round,
-        kind,
-        dtype: DType::of(kind),
-        len: if push { h.total } else { h.len },
-        weight: h.weight,
-        checksum: 0,
-        step: h.step,
-        offset: if push { 0 } else { h.offset },
-        total: h.total,
-    };
-    let protocol = if push {
-        PUSH_SUM_PROTOCOL
-    } else {
-        ALL_REDUCE_PROTOCOL
-    };
-    let from =
-        check_header(&shared.cfg, &view, &peer, &as_frame, protocol).map_err(Stop::Rejected)?;
+    let (as_frame, from) =
+        check_frame(&shared.cfg, &view, &peer, &h, kind).map_err(Stop::Rejected)?;
     if push {
-        if h.offset.checked_add(h.len).is_none_or(|end| end > h.total) {
-            return Err(Stop::Rejected(Reject::Layout {
-                offset: h.offset,
-                len: h.len,
-                total: h.total,
-            }));
-        }
         shared
             .push_inbox
             .admit_in(view.number, h.round, from)
@@ -498,7 +467,7 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
                     text
                 })
         };
-        if let Err(e) = r.session.add_share_part(&h, buf, &mut deliver) {
+        if let Err(e) = r.session.shares.add_part(&h, buf, &mut deliver) {
             return Err(why.unwrap_or(Stop::Rejected(Reject::MalformedHeader(e))));
         }
     } else {
@@ -521,4 +490,58 @@ fn refused(r: crate::ledger::Refusal) -> Stop {
         crate::ledger::Refusal::Stale { epoch, ours } => Stop::Stale { view: epoch, ours },
         r => Stop::Rejected(r.into()),
     }
+}
+
+/// A lane carries the frames of the view it was set up for.
+pub(crate) fn check_session_view(session_view: u64, h: &FrameHeader) -> Result<(), Reject> {
+    if h.view != session_view {
+        return Err(Reject::View {
+            expected: session_view,
+            got: h.view,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a tensor frame's header as the libp2p streams check theirs
+/// ([`check_header`]), for the frame as they would have carried it (for a
+/// share, the whole share; the part must lie inside it). Returns that frame
+/// and the sender's rank.
+pub(crate) fn check_frame(
+    cfg: &P2pConfig,
+    view: &View,
+    peer: &PeerId,
+    h: &FrameHeader,
+    kind: Kind,
+) -> Result<(Header, Rank), Reject> {
+    let push = kind == Kind::PushSum;
+    let as_frame = Header {
+        version: WIRE_VERSION,
+        run_id: cfg.run.run_id.clone(),
+        view: h.view,
+        sender: peer.to_string(),
+        round: h.round,
+        kind,
+        dtype: DType::of(kind),
+        len: if push { h.total } else { h.len },
+        weight: h.weight,
+        checksum: 0,
+        step: h.step,
+        offset: if push { 0 } else { h.offset },
+        total: h.total,
+    };
+    let protocol = if push {
+        PUSH_SUM_PROTOCOL
+    } else {
+        ALL_REDUCE_PROTOCOL
+    };
+    let from = check_header(cfg, view, peer, &as_frame, protocol)?;
+    if push && h.offset.checked_add(h.len).is_none_or(|end| end > h.total) {
+        return Err(Reject::Layout {
+            offset: h.offset,
+            len: h.len,
+            total: h.total,
+        });
+    }
+    Ok((as_frame, from))
 }

@@ -115,6 +115,10 @@ const MIN_PART: usize = 256 << 10;
 const WRITER_QUEUE: usize = 2;
 /// All-reduce parts held back waiting for an earlier one.
 const MAX_HELD: usize = 4096;
+/// How far a share may be ahead of the next one in the sender's order (a
+/// sender has at most one share per round in flight to us, and rounds stay
+/// within the round window, at most 256).
+const MAX_SHARES_AHEAD: u64 = 256;
 
 /// One part to write on a connection.
 pub(crate) enum Job {
@@ -127,11 +131,45 @@ pub(crate) enum Job {
     End(oneshot::Sender<()>),
 }
 
-/// An all-reduce part in the sender's order.
+/// All-reduce parts put back in the sender's order.
 #[derive(Default)]
-struct ReduceOrder {
+pub(crate) struct ReduceOrder {
     next: u64,
     held: BTreeMap<u64, ReduceMsg>,
+}
+
+impl ReduceOrder {
+    /// Files part `sequence`; returns the parts now next in order.
+    pub(crate) fn file(&mut self, sequence: u64, msg: ReduceMsg) -> Result<Vec<ReduceMsg>, String> {
+        if sequence < self.next || self.held.contains_key(&sequence) {
+            return Err(format!("all-reduce part {sequence} came twice"));
+        }
+        if self.held.len() >= MAX_HELD {
+            return Err(format!(
+                "more than {MAX_HELD} all-reduce parts ahead of part {}",
+                self.next
+            ));
+        }
+        self.held.insert(sequence, msg);
+        let mut ready = Vec::new();
+        while let Some(msg) = self.held.remove(&self.next) {
+            self.next += 1;
+            ready.push(msg);
+        }
+        Ok(ready)
+    }
+}
+
+/// Push-sum shares put together from their parts and handed on in the
+/// sender's order.
+#[derive(Default)]
+pub(crate) struct ShareAssembly {
+    /// Shares being assembled, by the sender's count.
+    shares: Mutex<HashMap<u64, Assembly>>,
+    /// Whole shares waiting for an earlier one: the inbox takes a sender's
+    /// shares in the order they were sent.
+    order: Mutex<BTreeMap<u64, (u64, f64, LeBytes)>>,
+    next: AtomicU64,
 }
 
 /// A push-sum share whose parts are arriving.
@@ -169,12 +207,7 @@ pub(crate) struct Session {
     forward: mpsc::UnboundedSender<ReduceMsg>,
     /// Our count of push-sum shares sent.
     share_sequence: AtomicU64,
-    /// Shares being assembled, by the sender's count.
-    shares: Mutex<HashMap<u64, Assembly>>,
-    /// Whole shares waiting for an earlier one: the inbox takes a sender's
-    /// shares in the order they were sent.
-    share_order: Mutex<BTreeMap<u64, (u64, f64, LeBytes)>>,
-    next_share: AtomicU64,
+    pub(crate) shares: ShareAssembly,
 }
 
 /// The lanes of one node: the listener and a session per peer.
@@ -392,9 +425,7 @@ impl Session {
             order: Mutex::new(ReduceOrder::default()),
             forward,
             share_sequence: AtomicU64::new(0),
-            shares: Mutex::new(HashMap::new()),
-            share_order: Mutex::new(BTreeMap::new()),
-            next_share: AtomicU64::new(0),
+            shares: ShareAssembly::default(),
         })
     }
 
@@ -495,31 +526,18 @@ impl Session {
     /// Hands an all-reduce part on once every earlier one has gone.
     fn deliver_reduce(&self, sequence: u64, msg: ReduceMsg) -> Result<(), String> {
         let mut order = lock(&self.order);
-        if sequence < order.next || order.held.contains_key(&sequence) {
-            return Err(format!("all-reduce part {sequence} came twice"));
-        }
-        if order.held.len() >= MAX_HELD {
-            return Err(format!(
-                "more than {MAX_HELD} all-reduce parts ahead of part {}",
-                order.next
-            ));
-        }
-        order.held.insert(sequence, msg);
-        loop {
-            let next = order.next;
-            let Some(msg) = order.held.remove(&next) else {
-                break;
-            };
-            order.next += 1;
+        for msg in order.file(sequence, msg)? {
             let _ = self.forward.send(msg);
         }
         Ok(())
     }
+}
 
+impl ShareAssembly {
     /// Files a push-sum part; hands the shares that are now whole and next
     /// in the sender's order to `deliver` as (round, weight, share), in that
     /// order (under a lock, so that no other connection's share overtakes).
-    fn add_share_part(
+    pub(crate) fn add_part(
         &self,
         h: &FrameHeader,
         payload: Vec<u8>,
@@ -527,8 +545,16 @@ impl Session {
     ) -> Result<(), String> {
         let seq = h.sequence;
         let mut shares = lock(&self.shares);
-        if seq < self.next_share.load(Ordering::SeqCst) {
+        let next = self.next.load(Ordering::SeqCst);
+        if seq < next {
             return Err(format!("share {seq} (round {}) came twice", h.round));
+        }
+        if seq - next >= MAX_SHARES_AHEAD {
+            return Err(format!(
+                "share {seq} is {} ahead of share {next}, still missing (at most \
+                 {MAX_SHARES_AHEAD})",
+                seq - next
+            ));
         }
         if !shares.contains_key(&seq) && shares.len() >= MAX_HELD {
             return Err(format!("more than {MAX_HELD} shares being assembled"));
@@ -573,14 +599,14 @@ impl Session {
             ));
         }
         let parts = a.got.into_iter().map(|(_, o, b)| (o, b)).collect();
-        let mut order = lock(&self.share_order);
+        let mut order = lock(&self.order);
         order.insert(seq, (a.round, a.weight, LeBytes::parts(parts)));
         loop {
-            let next = self.next_share.load(Ordering::SeqCst);
+            let next = self.next.load(Ordering::SeqCst);
             let Some((round, weight, share)) = order.remove(&next) else {
                 return Ok(());
             };
-            self.next_share.store(next + 1, Ordering::SeqCst);
+            self.next.store(next + 1, Ordering::SeqCst);
             deliver(round, weight, share)?;
         }
     }
