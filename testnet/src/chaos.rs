@@ -578,8 +578,8 @@ fn carry_out(
         }
         Action::Restart { node } => {
             let c = one(*node)?;
-            if c.status == "running" || c.status == "paused" {
-                return Ok(format!("skipped: {} is {}", c.service, c.status));
+            if let Some(why) = no_restart(c) {
+                return Ok(format!("skipped: {why}"));
             }
             keep_earlier_life(c, results)?;
             compose("start", &c.service)?;
@@ -605,6 +605,20 @@ fn carry_out(
         Action::Heal => control::apply_heal(&containers)?,
     }
     Ok("done".into())
+}
+
+/// Why a container is not started again by a `restart`: it is up, or it
+/// finished the run on its own (exit status 0; a killed container exits with
+/// 137). Starting a node after the run ended would only leave it waiting to
+/// be admitted to a run that is over.
+fn no_restart(c: &ContainerInfo) -> Option<String> {
+    if c.status == "running" || c.status == "paused" {
+        Some(format!("{} is {}", c.service, c.status))
+    } else if c.status == "exited" && c.exit_code == 0 {
+        Some(format!("{} finished the run (exit status 0)", c.service))
+    } else {
+        None
+    }
 }
 
 /// Whether any container may still make progress.
@@ -754,6 +768,26 @@ fn sleep_until(start: &Instant, at: Duration, project: &Project) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_killed_or_failed_node_is_restarted() {
+        let c = |status: &str, exit_code: i64| ContainerInfo {
+            id: "x".into(),
+            service: "node5".into(),
+            status: status.into(),
+            exit_code,
+            address: None,
+            shape: None,
+        };
+        assert_eq!(no_restart(&c("exited", 137)), None);
+        assert_eq!(no_restart(&c("exited", 1)), None);
+        assert_eq!(
+            no_restart(&c("exited", 0)).unwrap(),
+            "node5 finished the run (exit status 0)"
+        );
+        assert_eq!(no_restart(&c("paused", 0)).unwrap(), "node5 is paused");
+        assert_eq!(no_restart(&c("running", 0)).unwrap(), "node5 is running");
+    }
 
     fn config(seed: u64, nodes: usize, max_down: usize) -> PlanConfig {
         PlanConfig {

@@ -13,6 +13,13 @@
 //!   earlier metrics and summary are kept as `metrics.K.jsonl` and
 //!   `summary.K.json`.
 //! - `pause I` / `resume I`: SIGSTOP / SIGCONT node I (slow, not dead).
+//! - `join I`: start a new node of the run (a new identity, not a restart)
+//!   that was not started at the beginning: I counts on from `--nodes`
+//!   (`join 8@300` in a run of 8 nodes starts node-8 when the run reaches
+//!   step 300; a second one is `join 9`). It runs the others' command and
+//!   run configuration, bootstraps through the live nodes, finds the run
+//!   under way and asks to be admitted at the members' next barrier. After
+//!   its join it can be killed, restarted or paused like the others.
 //!
 //! Partitions need network namespaces: they are the compose testnet's
 //! (`slowmo-testnet partition`, `slowmo-testnet chaos`).
@@ -26,6 +33,7 @@ pub enum FaultAction {
     Restart,
     Pause,
     Resume,
+    Join,
 }
 
 impl FaultAction {
@@ -35,6 +43,7 @@ impl FaultAction {
             FaultAction::Restart => "restart",
             FaultAction::Pause => "pause",
             FaultAction::Resume => "resume",
+            FaultAction::Join => "join",
         }
     }
 }
@@ -75,9 +84,14 @@ impl fmt::Display for ScriptedFault {
     }
 }
 
+/// Largest number of nodes a script may add with `join`.
+pub const MAX_JOINS: usize = 64;
+
 /// Parses a fault script for a run of `nodes` nodes and checks it: every
-/// node exists, a restart follows a kill of the same node and a resume a
-/// pause (in the order written).
+/// node exists (one of the `nodes` started at the beginning, or one added
+/// by an earlier `join`), joined nodes count on from `nodes` without gaps,
+/// a restart follows a kill of the same node and a resume a pause (in the
+/// order written).
 pub fn parse_script(text: &str, nodes: usize) -> Result<Vec<ScriptedFault>, String> {
     let mut faults = Vec::new();
     for stmt in text.split([';', '\n']).map(str::trim) {
@@ -87,12 +101,13 @@ pub fn parse_script(text: &str, nodes: usize) -> Result<Vec<ScriptedFault>, Stri
         let bad = |why: &str| format!("--faults `{stmt}`: {why}");
         let (verb, rest) = stmt
             .split_once(char::is_whitespace)
-            .ok_or_else(|| bad("expected `kill|restart|pause|resume NODE@WHEN`"))?;
+            .ok_or_else(|| bad("expected `kill|restart|pause|resume|join NODE@WHEN`"))?;
         let action = match verb {
             "kill" => FaultAction::Kill,
             "restart" => FaultAction::Restart,
             "pause" => FaultAction::Pause,
             "resume" => FaultAction::Resume,
+            "join" => FaultAction::Join,
             "partition" | "heal" => {
                 return Err(bad(
                     "partitions need the compose testnet (slowmo-testnet partition / chaos)",
@@ -100,7 +115,7 @@ pub fn parse_script(text: &str, nodes: usize) -> Result<Vec<ScriptedFault>, Stri
             }
             other => {
                 return Err(bad(&format!(
-                    "unknown fault `{other}` (kill, restart, pause, resume)"
+                    "unknown fault `{other}` (kill, restart, pause, resume, join)"
                 )));
             }
         };
@@ -113,8 +128,27 @@ pub fn parse_script(text: &str, nodes: usize) -> Result<Vec<ScriptedFault>, Stri
             .unwrap_or(node)
             .parse()
             .map_err(|_| bad(&format!("node `{node}` is not a number")))?;
-        if node >= nodes {
-            return Err(bad(&format!("there is no node {node} in {nodes} nodes")));
+        if action == FaultAction::Join {
+            if node < nodes {
+                return Err(bad(&format!(
+                    "node {node} is one of the {nodes} started at the beginning; a joining \
+                     node counts on from --nodes (`join {nodes}@...`)"
+                )));
+            }
+            if node >= nodes + MAX_JOINS {
+                return Err(bad(&format!(
+                    "node {node}: a script adds at most {MAX_JOINS} nodes"
+                )));
+            }
+        } else if node >= nodes
+            && !faults
+                .iter()
+                .any(|f: &ScriptedFault| f.action == FaultAction::Join && f.node == node)
+        {
+            return Err(bad(&format!(
+                "there is no node {node} in {nodes} nodes (a node added mid-run needs an \
+                 earlier `join {node}@...`)"
+            )));
         }
         let when = when.trim();
         let at = match when.strip_suffix('s') {
@@ -142,14 +176,35 @@ pub fn parse_script(text: &str, nodes: usize) -> Result<Vec<ScriptedFault>, Stri
         };
         faults.push(ScriptedFault { action, node, at });
     }
+    // Per node: None (running), or the action that took it down; a node
+    // still to join is down "by" its join.
     let mut down = vec![None::<FaultAction>; nodes];
     for f in &faults {
+        if f.action == FaultAction::Join {
+            if f.node != down.len() {
+                return Err(format!(
+                    "--faults `{f}`: {}",
+                    if f.node < down.len() {
+                        "that node has already joined".to_string()
+                    } else {
+                        format!(
+                            "joining nodes count on without gaps: join {} first",
+                            down.len()
+                        )
+                    }
+                ));
+            }
+            down.push(None);
+            continue;
+        }
         let state = &mut down[f.node];
         let ok = match f.action {
             FaultAction::Kill => state.is_none() || *state == Some(FaultAction::Pause),
             FaultAction::Pause => state.is_none(),
             FaultAction::Restart => *state == Some(FaultAction::Kill),
             FaultAction::Resume => *state == Some(FaultAction::Pause),
+            // Joins were dealt with above.
+            FaultAction::Join => true,
         };
         if !ok {
             let why = match f.action {
@@ -162,7 +217,7 @@ pub fn parse_script(text: &str, nodes: usize) -> Result<Vec<ScriptedFault>, Stri
         *state = match f.action {
             FaultAction::Kill => Some(FaultAction::Kill),
             FaultAction::Pause => Some(FaultAction::Pause),
-            FaultAction::Restart | FaultAction::Resume => None,
+            FaultAction::Restart | FaultAction::Resume | FaultAction::Join => None,
         };
     }
     Ok(faults)
@@ -221,6 +276,13 @@ mod tests {
             ("resume 2@9", "needs an earlier `pause`"),
             ("partition 0-1|2-3@5..9", "compose testnet"),
             ("explode 1@5s", "unknown fault `explode`"),
+            ("join 2@5", "started at the beginning"),
+            ("join 5@5", "join 4 first"),
+            ("join 4@5; join 4@9", "already joined"),
+            ("kill 4@5", "earlier `join 4@...`"),
+            ("kill 4@5; join 4@9", "earlier `join 4@...`"),
+            ("join 4@5; restart 4@9", "needs an earlier `kill`"),
+            ("join 99@5", "at most 64"),
         ] {
             let e = parse_script(script, 4).unwrap_err();
             assert!(
@@ -229,5 +291,21 @@ mod tests {
             );
         }
         assert_eq!(parse_script(" ; \n", 4).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn joined_nodes_count_on_from_the_first_ones() {
+        let f = parse_script("join 4@300; join 5@20s; kill 4@500; restart 4@600", 4).unwrap();
+        assert_eq!(f.len(), 4);
+        assert_eq!(
+            f[0],
+            ScriptedFault {
+                action: FaultAction::Join,
+                node: 4,
+                at: Trigger::Step(300)
+            }
+        );
+        assert_eq!(f[1].to_string(), "join 5@20s");
+        assert_eq!(f[2].action, FaultAction::Kill);
     }
 }

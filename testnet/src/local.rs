@@ -8,10 +8,13 @@
 //! A node that exits, fails or is killed does not stop the others: its end
 //! (exit status or signal, time) is recorded and the run goes on until every
 //! node still running has exited. `--faults` scripts kills, restarts, pauses
-//! and resumes (see [`crate::faults`]); a restarted node runs the same command
-//! with the same identity, its log is appended to and its earlier metrics and
-//! summary are kept as `metrics.K.jsonl` and `summary.K.json` (K = 1 for its
-//! first life). Every process started here is stopped again on Ctrl-C.
+//! and resumes, and new nodes joining mid-run (see [`crate::faults`]); a
+//! restarted node runs the same command with the same identity, its log is
+//! appended to and its earlier metrics and summary are kept as
+//! `metrics.K.jsonl` and `summary.K.json` (K = 1 for its first life). A
+//! joining node (`join 4@300` in a run of 4) gets a new identity in its own
+//! folder `node-4`, the others' command, and the live nodes as its bootstrap
+//! peers. Every process started here is stopped again on Ctrl-C.
 //!
 //! Besides the nodes' folders the run folder holds `testnet.json` (run id,
 //! nodes, transport: what `--resume` needs), `events.jsonl` (every start,
@@ -90,8 +93,9 @@ pub struct LocalArgs {
     #[arg(long)]
     pub no_report: bool,
     /// Scripted faults, e.g. `kill 2@5s; restart 2@12s; pause 1@40; resume
-    /// 1@60` (`@Ns`: seconds after the start; `@N`: when the run reaches
-    /// step N), or a file holding such lines.
+    /// 1@60; join 4@300` (`@Ns`: seconds after the start; `@N`: when the run
+    /// reaches step N; `join I` with I >= --nodes starts a new node mid-run),
+    /// or a file holding such lines.
     #[arg(long, value_name = "SCRIPT")]
     pub faults: Option<String>,
     /// Passed to every node: the fewest members the run trains with.
@@ -169,7 +173,8 @@ pub struct NodeFate {
     pub node: String,
     /// `finished` (its last life exited 0 with a completed summary),
     /// `killed` (by a scripted fault, not restarted), `failed` (it exited
-    /// otherwise on its own), `stopped` (by the harness: Ctrl-C).
+    /// otherwise on its own), `stopped` (by the harness: Ctrl-C), `not
+    /// started` (a scripted `join` that never came: the run ended first).
     pub fate: String,
     /// Processes started for it (1 + restarts).
     pub lives: u32,
@@ -249,6 +254,9 @@ struct Slot {
     dir: PathBuf,
     /// The node's arguments (after the binary), the same for every life.
     args: Vec<OsString>,
+    /// A node that joins mid-run: its bootstrap peers are added to `args`
+    /// when it first starts (the live nodes then).
+    joiner: bool,
     child: Option<Child>,
     paused: bool,
     /// The current life was ended by a scripted kill / by the harness.
@@ -373,11 +381,52 @@ impl Nodes {
         Ok(())
     }
 
+    /// Where the running nodes listen, as their logs name it
+    /// (`listening on ADDR/p2p/PEER`), node 0's known address first.
+    fn live_addresses(&self, first: &str) -> Vec<String> {
+        let mut out = vec![first.to_string()];
+        for slot in self.slots.iter().filter(|s| s.running() && !s.paused) {
+            let Ok(log) = std::fs::read_to_string(slot.dir.join("node.log")) else {
+                continue;
+            };
+            for line in log.lines() {
+                if let Some((_, rest)) = line.split_once("listening on ") {
+                    let addr: String = rest
+                        .chars()
+                        .take_while(|c| !c.is_whitespace() && *c != '\u{1b}')
+                        .collect();
+                    if addr.starts_with('/') && !out.contains(&addr) {
+                        out.push(addr);
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Carries out one scripted fault; returns what goes to the log.
-    fn fault(&mut self, f: &ScriptedFault, bin: &Path) -> anyhow::Result<String> {
+    fn fault(&mut self, f: &ScriptedFault, bin: &Path, bootstrap: &str) -> anyhow::Result<String> {
         let i = f.node;
         let name = self.slots[i].name.clone();
         let result = match f.action {
+            FaultAction::Join => {
+                if self.slots[i].fate.lives > 0 {
+                    "skipped: already started".to_string()
+                } else {
+                    let peers = self.live_addresses(bootstrap);
+                    let slot = &mut self.slots[i];
+                    for addr in &peers {
+                        slot.args.push("--bootstrap".into());
+                        slot.args.push(addr.into());
+                    }
+                    let step = match f.at {
+                        Trigger::Step(s) => format!(" (the run at step {s})"),
+                        Trigger::Seconds(_) => String::new(),
+                    };
+                    self.spawn(i, bin, &format!("{name} joins the run{step}"))?;
+                    format!("done ({} bootstrap peers)", peers.len())
+                }
+            }
             FaultAction::Kill => match self.slots[i].child.as_mut() {
                 None => "skipped: not running".to_string(),
                 Some(child) => {
@@ -610,7 +659,13 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
     let config = options.resolve().context("the run configuration")?;
     // Before anything starts: every node is a process holding a model and a
     // dataset.
-    config.check_local_nodes(args.nodes, &slowmo_runspec::Resources::of_this_machine())?;
+    // Nodes the script adds mid-run come after the first ones.
+    let joins = script
+        .iter()
+        .filter(|f| f.action == FaultAction::Join)
+        .count();
+    let slots = args.nodes + joins;
+    config.check_local_nodes(slots, &slowmo_runspec::Resources::of_this_machine())?;
     let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
     if let Some(m) = args.min_nodes
         && (m == 0 || m > args.nodes)
@@ -623,7 +678,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
     let out = args.out.clone().unwrap_or_else(default_out);
     let metrics_ports = args
         .metrics_base_port
-        .map(|p| crate::observe::metrics_ports("--metrics-base-port", p, args.nodes))
+        .map(|p| crate::observe::metrics_ports("--metrics-base-port", p, slots))
         .transpose()?;
     let run_toml = out.join("run.toml");
     let toml_text = options.to_toml()?;
@@ -695,11 +750,23 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
         events,
         events_path,
     };
-    for i in 0..args.nodes {
+    for i in 0..slots {
+        let joiner = i >= args.nodes;
         let name = format!("node-{i}");
         let dir = out.join(&name);
         std::fs::create_dir_all(&dir)?;
-        if args.resume {
+        if joiner {
+            // A new node: a new identity, nothing from an earlier run.
+            for stale in [
+                "identity.key",
+                "summary.json",
+                "metrics.jsonl",
+                "params.safetensors",
+            ] {
+                let _ = std::fs::remove_file(dir.join(stale));
+            }
+            std::fs::File::create(dir.join("node.log"))?;
+        } else if args.resume {
             keep_earlier_life(&dir)?;
         } else {
             let _ = std::fs::remove_file(dir.join("summary.json"));
@@ -726,7 +793,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
         flag("--metrics-jsonl", &dir.join("metrics.jsonl"));
         flag("--summary-json", &dir.join("summary.json"));
         flag("--save-params", &dir.join("params.safetensors"));
-        if i > 0 {
+        if i > 0 && !joiner {
             flag("--bootstrap", &bootstrap);
         }
         if let Some(ports) = &metrics_ports {
@@ -756,6 +823,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
             name,
             dir,
             args: a,
+            joiner,
             child: None,
             paused: false,
             ended_by: None,
@@ -833,7 +901,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
             };
             if first_on_node && due {
                 let f = pending.remove(k);
-                let result = nodes.fault(&f, &bin)?;
+                let result = nodes.fault(&f, &bin, &bootstrap)?;
                 if !args.quiet {
                     println!("fault {f}: {result}");
                 }
@@ -846,7 +914,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
             // Nothing moves steps any more; a timed restart may still come.
             // (One that waits for a fault still to come on its node never fires.)
             let timed_restart = pending.iter().enumerate().any(|(k, f)| {
-                f.action == FaultAction::Restart
+                matches!(f.action, FaultAction::Restart | FaultAction::Join)
                     && matches!(f.at, Trigger::Seconds(_))
                     && !pending[..k].iter().any(|e| e.node == f.node)
             });
@@ -872,7 +940,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
                         node: i,
                         at: Trigger::Seconds(now),
                     };
-                    nodes.fault(&f, &bin)?;
+                    nodes.fault(&f, &bin, &bootstrap)?;
                 }
             }
         }
@@ -889,6 +957,7 @@ pub fn run_nodes(args: &LocalArgs) -> anyhow::Result<Outcome> {
                         (false, _) => " down",
                     };
                     match last_step(&s.dir.join("metrics.jsonl")) {
+                        _ if s.joiner && s.fate.lives == 0 => "to join".into(),
                         Some((n, l)) => format!("{n}/{} ({l:.3}){state}", config.steps),
                         None if s.running() => format!("joining{state}"),
                         None => "down".into(),
@@ -917,6 +986,7 @@ fn finish(nodes: &mut Nodes) -> Outcome {
         f.completed = f.exit_code == Some(0) && summary.as_ref().is_some_and(|s| s.completed);
         f.fate = match f.ended_by.as_deref() {
             _ if f.completed => "finished",
+            _ if f.lives == 0 => "not started",
             Some("fault") => "killed",
             Some("harness") => "stopped",
             _ => "failed",
@@ -926,6 +996,7 @@ fn finish(nodes: &mut Nodes) -> Outcome {
             node: slot.name.clone(),
             state: match (f.fate.as_str(), f.exit_code, f.signal) {
                 ("killed", _, _) => "killed".to_string(),
+                ("not started", _, _) => "not started".to_string(),
                 (_, Some(_), _) => "exited".to_string(),
                 (_, None, Some(sig)) => format!("signal {sig}"),
                 _ => "unknown".to_string(),
@@ -938,7 +1009,7 @@ fn finish(nodes: &mut Nodes) -> Outcome {
     }
     let bad: Vec<String> = fates
         .iter()
-        .filter(|f| f.fate != "finished" && f.fate != "killed")
+        .filter(|f| f.fate != "finished" && f.fate != "killed" && f.fate != "not started")
         .map(|f| format!("{} {}", f.node, f.describe()))
         .collect();
     let failure = if !bad.is_empty() {

@@ -156,6 +156,84 @@ fn a_restarted_node_keeps_its_earlier_metrics_and_appends_to_its_log() {
     assert_eq!(starts, 2, "{ev:?}");
 }
 
+fn summary(out: &Path, node: usize) -> Value {
+    let path = out.join(format!("node-{node}/summary.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn a_new_node_joins_mid_run_and_ends_with_the_same_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // Node 4 is not one of the 4 started: a new identity that starts when
+    // the run reaches step 100, finds it under way and asks to join.
+    let run = local(&out, LONG, "join 4@100", &["--transport", "tcp"]);
+    let t = text(&run);
+    assert!(run.status.success(), "{t}");
+    let fates = fates(&out);
+    assert_eq!(fates.len(), 5, "{t}");
+    for (i, f) in fates.iter().enumerate() {
+        assert_eq!(f["fate"], "finished", "node-{i}: {f}\n{t}");
+        assert_eq!(f["lives"], 1, "node-{i}: {f}");
+    }
+    let ev = events(&out);
+    assert!(
+        ev.iter().any(|e| e["action"] == "join"
+            && e["target"] == "node-4"
+            && e["result"].as_str().unwrap().starts_with("done")),
+        "{ev:?}"
+    );
+
+    // It was admitted: its summary records the admission into a view of
+    // five, and every other node's records it joining.
+    let joiner = summary(&out, 4);
+    let joiner_id = joiner["peer_id"].as_str().unwrap().to_string();
+    assert_eq!(joiner["completed"], true, "{joiner}");
+    let changes = joiner["view_changes"].as_array().unwrap();
+    let admitted = changes.first().unwrap_or_else(|| panic!("{joiner}"));
+    assert_eq!(admitted["rejoined"], true, "{joiner}");
+    assert_eq!(admitted["world"], 5, "{joiner}");
+    assert!(
+        admitted["resumed_from"].as_u64().unwrap() > 0,
+        "it went on from the members' barrier, not from step 0: {joiner}"
+    );
+    assert_eq!(joiner["members"].as_array().unwrap().len(), 5, "{joiner}");
+    for i in 0..4 {
+        let s = summary(&out, i);
+        let joined: Vec<&Value> = s["view_changes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("node-{i} recorded no view change: {s}"))
+            .iter()
+            .filter(|c| {
+                c["joined"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p == &joiner_id)
+            })
+            .collect();
+        assert_eq!(joined.len(), 1, "node-{i}: {s}");
+        assert_eq!(joined[0]["world"], 5, "node-{i}: {s}");
+        assert_ne!(s["peer_id"], joiner["peer_id"], "a new identity");
+    }
+    // Every node, the joiner included, ends with the same model.
+    let first = std::fs::read(out.join("node-0/params.safetensors")).unwrap();
+    for i in 1..5 {
+        assert_eq!(
+            std::fs::read(out.join(format!("node-{i}/params.safetensors"))).unwrap(),
+            first,
+            "node-{i}'s final parameters differ from node-0's"
+        );
+    }
+    let log = std::fs::read_to_string(out.join("node-4/node.log")).unwrap();
+    assert!(
+        log.starts_with("--- slowmo-testnet: node-4 joins the run (the run at step 100)"),
+        "{log}"
+    );
+}
+
 #[test]
 fn a_bad_fault_script_is_refused_before_any_node_starts() {
     let dir = tempfile::tempdir().unwrap();
