@@ -54,10 +54,12 @@ pub struct CheckpointArgs {
 pub enum CheckpointError {
     #[error("checkpoint {path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
-    #[error("checkpoint folder {path}: {source}")]
+    /// (The I/O error is part of the message, not a separate cause, so
+    /// that an error chain does not print it twice.)
+    #[error("checkpoint folder {path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("no usable checkpoint in {dir}{}", if refused.is_empty() { String::new() } else { format!(": {}", refused.join("; ")) })]
     NoneUsable { dir: PathBuf, refused: Vec<String> },
@@ -80,6 +82,9 @@ pub struct Identity {
     /// The worker's rank and the size of the view.
     pub rank: usize,
     pub world_size: usize,
+    /// The membership view the checkpoint was taken in (0 until the
+    /// membership changes). Files without it are of view 0.
+    pub view: u64,
 }
 
 /// Everything a worker holds at an outer boundary.
@@ -163,6 +168,7 @@ impl Checkpoint {
             ("run_id", id.run_id.clone()),
             ("rank", id.rank.to_string()),
             ("world_size", id.world_size.to_string()),
+            ("view", id.view.to_string()),
             ("steps", s.steps.to_string()),
             ("rounds", s.rounds.to_string()),
             ("outer_steps", s.outer_steps.to_string()),
@@ -240,6 +246,11 @@ impl Checkpoint {
             run_id: get("run_id")?.clone(),
             rank: num("rank")? as usize,
             world_size: num("world_size")? as usize,
+            view: if meta.contains_key("view") {
+                num("view")?
+            } else {
+                0
+            },
         };
         let differs = |what: &str, ours: &dyn std::fmt::Display, theirs: &dyn std::fmt::Display| {
             invalid(
@@ -256,6 +267,17 @@ impl Checkpoint {
         }
         if identity.run_id != expect.run_id {
             return Err(differs("the run id", &expect.run_id, &identity.run_id));
+        }
+        if identity.view != expect.view {
+            return Err(invalid(
+                path,
+                format!(
+                    "taken in membership view {} (peers were lost or joined), and a resume \
+                     starts from view {}: only checkpoints taken before the membership \
+                     changed can be resumed",
+                    identity.view, expect.view
+                ),
+            ));
         }
         if (identity.rank, identity.world_size) != (expect.rank, expect.world_size) {
             return Err(differs(
@@ -338,9 +360,9 @@ impl Checkpoint {
         layout: &[ParamSpec],
         keep: u64,
     ) -> Result<PathBuf, CheckpointError> {
-        let io = |source| CheckpointError::Io {
+        let io = |error| CheckpointError::Io {
             path: dir.to_path_buf(),
-            source,
+            error,
         };
         std::fs::create_dir_all(dir).map_err(io)?;
         let path = dir.join(file_name(self.state.steps));
@@ -393,9 +415,9 @@ pub fn newest_valid(
     expect: &Identity,
     at_most: Option<u64>,
 ) -> Result<Checkpoint, CheckpointError> {
-    let files = list(dir).map_err(|source| CheckpointError::Io {
+    let files = list(dir).map_err(|error| CheckpointError::Io {
         path: dir.to_path_buf(),
-        source,
+        error,
     })?;
     let mut refused = Vec::new();
     for (step, path) in files {
@@ -441,6 +463,7 @@ mod tests {
             run_id: "simulate".into(),
             rank: 1,
             world_size: 4,
+            view: 0,
         }
     }
 
@@ -514,6 +537,27 @@ mod tests {
         bigger[1].shape = vec![3];
         let e = Checkpoint::from_bytes(&bytes, &bigger, &identity(), p).unwrap_err();
         assert!(e.to_string().contains("fc.bias"), "{e}");
+    }
+
+    #[test]
+    fn a_checkpoint_taken_after_a_membership_change_is_refused_and_an_older_one_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        checkpoint(1.0, 24).save(dir.path(), &layout(), 3).unwrap();
+        // The same worker after a view change: rank 0 of 3 in view 2.
+        let mut later = checkpoint(1.0, 48);
+        later.identity = Identity {
+            rank: 0,
+            world_size: 3,
+            view: 2,
+            ..identity()
+        };
+        later.save(dir.path(), &layout(), 3).unwrap();
+        let bytes = std::fs::read(dir.path().join(file_name(48))).unwrap();
+        let e = Checkpoint::from_bytes(&bytes, &layout(), &identity(), Path::new("c")).unwrap_err();
+        assert!(e.to_string().contains("membership view 2"), "{e}");
+        let c = newest_valid(dir.path(), &layout(), &identity(), None).unwrap();
+        assert_eq!(c.state.steps, 24);
+        assert_eq!(c.identity.view, 0);
     }
 
     #[test]

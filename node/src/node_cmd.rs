@@ -273,6 +273,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         run_id: args.run_id.clone(),
         rank,
         world_size: config.workers,
+        view: 0,
     };
     let resume = match (&args.checkpoints.checkpoint_dir, args.checkpoints.resume) {
         (Some(dir), true) if comm.is_member() => Some(agree_on_checkpoint(

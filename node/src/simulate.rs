@@ -181,6 +181,7 @@ fn identity(config: &RunConfig, rank: usize) -> Identity {
         run_id: "simulate".into(),
         rank,
         world_size: config.workers,
+        view: 0,
     }
 }
 

@@ -474,6 +474,7 @@ impl Worker<'_> {
             run_id: "state-transfer".into(),
             rank: 0,
             world_size: world,
+            view: 0,
         }
     }
 
@@ -500,6 +501,13 @@ impl Worker<'_> {
             rank: view.rank,
             world: view.world,
         };
+        // Checkpoints from here on are of this view (a resume refuses them:
+        // it starts from the first view).
+        if let Some(plan) = &mut self.checkpoints {
+            plan.identity.rank = view.rank;
+            plan.identity.world_size = view.world;
+            plan.identity.view = view.number;
+        }
         Ok(())
     }
 
