@@ -50,6 +50,10 @@ pub(crate) enum SwarmCmd {
     Dial { peer: PeerId, addrs: Vec<Multiaddr> },
     /// Close every connection to a peer.
     Disconnect(PeerId),
+    /// Close every connection to a peer but the newest: a restarted
+    /// member's new process holds the newest, the old process's may linger
+    /// (QUIC sees no close from a killed process).
+    DropStale(PeerId),
     /// The view is settled: stop re-dialing bootstrap addresses and mDNS
     /// finds.
     StopDiscovery,
@@ -273,6 +277,9 @@ pub(crate) async fn run_swarm(
     // Remote addresses of our outbound connections, to know which bootstrap
     // entries are reached.
     let mut dialed: HashMap<libp2p::swarm::ConnectionId, Multiaddr> = HashMap::new();
+    // Open connections: the peer and the order they were established in.
+    let mut opened: HashMap<libp2p::swarm::ConnectionId, (PeerId, u64)> = HashMap::new();
+    let mut opened_count = 0u64;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     // The last dial failure logged per address.
     let mut dial_errors: HashMap<String, String> = HashMap::new();
@@ -298,6 +305,19 @@ pub(crate) async fn run_swarm(
                 }
                 Some(SwarmCmd::Disconnect(peer)) => {
                     let _ = swarm.disconnect_peer_id(peer);
+                }
+                Some(SwarmCmd::DropStale(peer)) => {
+                    let mut conns: Vec<_> = opened
+                        .iter()
+                        .filter(|(_, (p, _))| *p == peer)
+                        .map(|(c, (_, n))| (*n, *c))
+                        .collect();
+                    conns.sort_by_key(|(n, _)| *n);
+                    conns.pop();
+                    for (_, c) in conns {
+                        tracing::debug!(%peer, "closing a stale connection to {peer}");
+                        swarm.close_connection(c);
+                    }
                 }
                 Some(SwarmCmd::StopDiscovery) => discovering = false,
             },
@@ -362,10 +382,13 @@ pub(crate) async fn run_swarm(
                     if let Some(a) = &dialed_addr {
                         dialed.insert(connection_id, a.clone());
                     }
+                    opened_count += 1;
+                    opened.insert(connection_id, (peer_id, opened_count));
                     let _ = events.send(NetEvent::Connected { peer: peer_id, dialed: dialed_addr });
                 }
                 SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, cause, .. } => {
                     dialed.remove(&connection_id);
+                    opened.remove(&connection_id);
                     tracing::debug!(peer = %peer_id, ?cause, "connection closed");
                     if num_established == 0 {
                         let _ = events.send(NetEvent::Disconnected { peer: peer_id });

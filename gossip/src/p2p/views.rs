@@ -183,14 +183,15 @@ impl Shared {
     /// A new process runs behind member `peer`'s identity: the old one is
     /// lost, and its connection (which may look alive for a while, QUIC
     /// sees no close from a killed process) is dropped so that streams go
-    /// to the new one, which dials again.
+    /// to the new one. Only connections older than the newest go: by then
+    /// the new process may already be admitted again over its own.
     pub fn restarted(&self, peer: &PeerId, reason: &str) {
         self.lose(peer, reason);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (swarm, peer) = (self.swarm.clone(), *peer);
             rt.spawn(async move {
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                let _ = swarm.send(super::behaviour::SwarmCmd::Disconnect(peer));
+                let _ = swarm.send(super::behaviour::SwarmCmd::DropStale(peer));
             });
         }
     }
