@@ -11,7 +11,7 @@
 //! - `push-sum/1`: push-sum shares (added by the crate's push-sum ledger);
 //! - `all-reduce/1`: ring all-reduce chunks, also the barrier ([`allreduce`]),
 //!   and the blocks of the typed collectives ([`gather`]);
-//! - `lane/1`: offers of the data lane ([`lane`]), which then carries the
+//! - `lane/2`: offers of the data lane ([`lane`]), one per view, which then carries the
 //!   frames of `push-sum/1` and `all-reduce/1` over its own TCP connections
 //!   (unless [`DataLane::Libp2p`]).
 //!

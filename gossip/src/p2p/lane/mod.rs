@@ -3,8 +3,9 @@
 //! explicit choice, sent in the clear), set up through the control plane.
 //!
 //! libp2p stays the control plane; it is authenticated and encrypted, and
-//! only members of the current view speak our protocols. Over it, the peer
-//! with the lower id offers a lane on `/slowmo/lane/1` ([`offer`]): each side
+//! only members of the current view speak our protocols. Over it, for each
+//! view, the peer with the lower id offers a lane on `/slowmo/lane/2`
+//! ([`offer`]); a view change retires the old view's lanes. Each side
 //! contributes fresh random key material and announces a TCP address; the
 //! lane's keys come from both contributions and both peer ids
 //! ([`crypto`]). Each side then dials K connections to the other's address
