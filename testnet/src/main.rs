@@ -59,7 +59,17 @@ fn main() -> anyhow::Result<()> {
         Command::Profile(args) => profile::show(args),
         Command::Up(args) => control::up(args),
         Command::Down(target) => control::down(&target),
-        Command::Status(target) => control::status(&target),
+        Command::Status(target) => {
+            // A table for the terminal or a pipe: a reader that goes away
+            // (`status | head`) ends the program quietly, as for other
+            // command-line tools, instead of a panic in println!.
+            // SAFETY: called before any other thread exists; SIG_DFL is a
+            // valid disposition for SIGPIPE.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            }
+            control::status(&target)
+        }
         Command::Logs(args) => control::logs(args),
         Command::Kill(args) => control::node_command("kill", args),
         Command::Pause(args) => control::node_command("pause", args),
