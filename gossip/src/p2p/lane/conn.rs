@@ -140,6 +140,7 @@ async fn write_loop(
     let encrypted = session.mode == DataLane::Encrypted;
     let mut record = Vec::with_capacity(RECORD + TAG);
     while let Some(job) = rx.recv().await {
+        let tensor = matches!(&job, Job::Frame { header, .. } if matches!(header.kind, FrameKind::Tensor(_)));
         let (header, payload, range, done) = match job {
             Job::Frame {
                 header,
@@ -173,6 +174,13 @@ async fn write_loop(
             stream.flush().await
         }
         .await;
+        if result.is_ok() && tensor {
+            // Counted once on the wire, not when queued: the metrics'
+            // bytes sent follow the link's real pace.
+            let bytes = range.len() as u64;
+            shared.counters.sent(bytes);
+            shared.observed.sent(&peer, bytes);
+        }
         if let Some(p) = payload
             && let Ok(buf) = Arc::try_unwrap(p)
         {

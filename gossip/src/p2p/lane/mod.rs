@@ -647,15 +647,13 @@ async fn run_link(
     session.users.fetch_add(1, Ordering::SeqCst);
     while let Some(msg) = rx.recv().await {
         let header: Result<Header, _> = cbor4ii::serde::from_slice(&msg.header[4..]);
-        let bytes = msg.payload.len() as u64;
         match header {
-            Ok(h) => match session.send(&h, msg.payload.clone()).await {
-                Ok(()) => {
-                    shared.counters.sent(bytes);
-                    shared.observed.sent(&peer, bytes);
+            // The writers count the bytes as they go on the wire.
+            Ok(h) => {
+                if let Err(e) = session.send(&h, msg.payload.clone()).await {
+                    tracing::error!(%peer, "dropped a frame to {peer}: {e}");
                 }
-                Err(e) => tracing::error!(%peer, "dropped a frame to {peer}: {e}"),
-            },
+            }
             Err(e) => tracing::error!(%peer, "a frame to {peer} has a bad header: {e}"),
         }
         drop(msg.header);
