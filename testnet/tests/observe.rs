@@ -203,11 +203,22 @@ fn the_compose_file_publishes_each_endpoint_and_a_scrape_config_lists_them() {
     assert!(!plain.contains("ports:") && !plain.contains("--metrics-addr"));
 }
 
-#[test]
-fn the_testnet_benchmark_prints_only_its_table_on_stdout() {
+/// The runs of `slowmo-testnet bench`, in order.
+const BENCH_RUNS: [&str; 5] = [
+    "no communication",
+    "sgp",
+    "osgp",
+    "osgp background",
+    "slowmo-sgp",
+];
+
+/// Runs a short 2-node `slowmo-testnet bench` with `extra` flags; its
+/// stdout, after checking it succeeded.
+fn bench_stdout(extra: &[&str]) -> String {
     let out_dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
         .args(["bench", "--nodes", "2", "--steps", "5"])
+        .args(extra)
         .arg("--slowmo-bin")
         .arg(slowmo_bin())
         .arg("--out")
@@ -215,61 +226,36 @@ fn the_testnet_benchmark_prints_only_its_table_on_stdout() {
         .env_remove("RUST_LOG")
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+#[test]
+fn the_testnet_benchmark_prints_only_its_table_on_stdout() {
+    let stdout = bench_stdout(&[]);
     let lines: Vec<&str> = stdout.lines().collect();
     // a title, the column names, one row per configuration
     assert_eq!(lines.len(), 7, "{stdout}");
     assert!(lines[1].starts_with("run "), "{stdout}");
-    for (line, label) in lines[2..].iter().zip([
-        "no communication",
-        "sgp",
-        "osgp",
-        "osgp background",
-        "slowmo-sgp",
-    ]) {
+    for (line, label) in lines[2..].iter().zip(BENCH_RUNS) {
         assert!(line.starts_with(label), "{line}");
     }
 }
 
 #[test]
 fn the_testnet_benchmark_prints_one_json_document_with_json() {
-    let out_dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
-        .args(["bench", "--nodes", "2", "--steps", "5", "--json"])
-        .args(["--data-lane", "plaintext"])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(out_dir.path())
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = bench_stdout(&["--json", "--data-lane", "plaintext"]);
     let doc: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
     assert_eq!(doc["bench"], "testnet");
     assert_eq!(doc["data_lane"], "plaintext");
     let runs = doc["runs"].as_array().expect("runs");
     let labels: Vec<&str> = runs.iter().map(|r| r["run"].as_str().unwrap()).collect();
-    assert_eq!(
-        labels,
-        [
-            "no communication",
-            "sgp",
-            "osgp",
-            "osgp background",
-            "slowmo-sgp"
-        ]
-    );
+    assert_eq!(labels, BENCH_RUNS);
     for r in runs {
         assert!(r["ms_per_step"].as_f64().unwrap() > 0.0, "{r}");
     }
