@@ -193,7 +193,7 @@ async fn serve_one(
 
 /// A share the push-sum inbox refused: stale after a view change, or
 /// the sender's fault.
-fn refused(r: crate::ledger::Refusal) -> ReadError {
+pub(crate) fn refused(r: crate::ledger::Refusal) -> ReadError {
     match r {
         crate::ledger::Refusal::Stale { epoch, ours } => ReadError::Stale { view: epoch, ours },
         r => ReadError::Rejected(r.into()),

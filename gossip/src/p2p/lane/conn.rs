@@ -22,7 +22,7 @@ use super::frame::{FrameHeader, FrameKind, HEADER, RECORD};
 use super::{DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
 use crate::Rank;
 use crate::p2p::config::P2pConfig;
-use crate::p2p::inbound::{Active, check_header, view_for};
+use crate::p2p::inbound::{self, Active, check_header, view_for};
 use crate::p2p::payload::{first_non_finite, has_non_finite};
 use crate::p2p::state::{ReduceMsg, Shared, View};
 use crate::p2p::wire::{
@@ -491,13 +491,9 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
     Ok(true)
 }
 
-/// A share the push-sum inbox refused: stale after a view change, or the
-/// sender's fault.
+/// A share the push-sum inbox refused, as the libp2p streams read it.
 fn refused(r: crate::ledger::Refusal) -> Stop {
-    match r {
-        crate::ledger::Refusal::Stale { epoch, ours } => Stop::Stale { view: epoch, ours },
-        r => Stop::Rejected(r.into()),
-    }
+    inbound::refused(r).into()
 }
 
 /// A lane carries the frames of the view it was set up for.
