@@ -13,6 +13,7 @@ mod ring;
 pub mod simnet;
 
 pub use collectives::ReduceOp;
+pub use ring::{CHUNK_FLOATS, DIRECT_MAX_BYTES, Schedule};
 
 use std::time::Duration;
 

@@ -25,7 +25,7 @@ use crate::ledger::{Inbox, Ledger, Mixing, Waiting};
 use crate::simnet::SimNetwork;
 use crate::{
     Admission, CommError, CommStats, Communicator, Interrupt, PushSumMass, PushSumRound, Rank,
-    ViewChange, VirtualTime, push_sum_share,
+    Schedule, ViewChange, VirtualTime, push_sum_share,
 };
 use faults::Board;
 use simulated::Simulated;
@@ -354,9 +354,11 @@ impl MemoryComm {
     }
 
     /// `bytes`: what each rank contributed.
-    fn leave_collective(&mut self, bytes: u64) {
+    /// Leaves a collective of `bytes` moved with `schedule` (the simulated
+    /// network's clock pays for it).
+    fn leave_collective(&mut self, bytes: u64, schedule: Schedule) {
         if let Some(sim) = &mut self.sim {
-            sim.leave_collective(bytes);
+            sim.leave_collective(bytes, schedule);
         }
     }
 
@@ -518,8 +520,16 @@ impl Communicator for MemoryComm {
         drop(lengths);
         let timeout = self.shared.timeout;
         ring::all_reduce(&mut self.ring, self.rank, size, timeout, buf, scalar)?;
-        self.leave_collective(message_bytes(buf.len()));
-        // What a bandwidth-optimal ring all-reduce moves.
+        // The simulated network pays for the schedule the network would
+        // pick (its messages of at most CHUNK_FLOATS).
+        let schedule = Schedule::choose(
+            buf.len(),
+            size,
+            crate::CHUNK_FLOATS,
+            crate::DIRECT_MAX_BYTES,
+        );
+        self.leave_collective(message_bytes(buf.len()), schedule);
+        // What a bandwidth-optimal all-reduce moves (either schedule).
         if size > 1 {
             let bytes = 2 * (size as u64 - 1) * (4 * buf.len() as u64 + 8) / size as u64;
             self.stats.bytes_sent += bytes;
@@ -531,7 +541,7 @@ impl Communicator for MemoryComm {
     fn barrier(&mut self) -> Result<(), CommError> {
         self.enter_collective();
         let all = self.gather(Contribution::Floats(Vec::new(), 0.0), "barrier")?;
-        self.leave_collective(0);
+        self.leave_collective(0, Schedule::Ring);
         floats(&all).map(drop)
     }
 
@@ -548,7 +558,7 @@ impl Communicator for MemoryComm {
             .collect::<Result<Vec<_>, _>>()?;
         // What a ring all-gather would move.
         let total: u64 = words.iter().map(|v| 8 * v.len() as u64).sum();
-        self.leave_collective(total);
+        self.leave_collective(total, Schedule::Ring);
         let others = total - 8 * values.len() as u64;
         self.stats.bytes_sent += others;
         self.stats.bytes_received += others;

@@ -1,18 +1,28 @@
-//! Ring all-reduce, written once for every transport: reduce-scatter then
-//! all-gather, pipelined in chunks.
+//! The exact all-reduce, written once for every transport: two schedules,
+//! both summing every element in the one order of
+//! [`crate::sum_segment_in_ring_order`], so the choice never changes a bit.
 //!
-//! The buffer is cut into m segments; in m - 1 reduce-scatter steps each
-//! segment travels once round the ring, every rank adding its own values,
-//! and ends fully reduced on one rank; in m - 1 all-gather steps those bits
-//! are copied round the ring. Each rank sends and receives 2 (m - 1) / m of
-//! the buffer (the bandwidth optimum), every element is summed by exactly one
-//! rank in one order (the order of [`crate::sum_segment_in_ring_order`]), and
-//! so every rank ends with the same bits, whatever the transport. The scalar
-//! rides on the first chunk of segment 0 and is summed in rank order
-//! ([`crate::sum_scalars_in_rank_order`]).
+//! **Ring** (reduce-scatter then all-gather, pipelined in chunks): the buffer
+//! is cut into m segments; in m - 1 reduce-scatter steps each segment
+//! travels once round the ring, every rank adding its own values, and ends
+//! fully reduced on one rank; in m - 1 all-gather steps those bits are
+//! copied round the ring. Each rank sends and receives 2 (m - 1) / m of the
+//! buffer (the bandwidth optimum) but a segment passes 2 (m - 1) ranks one
+//! after the other.
 //!
-//! A transport provides only [`RingLinks`]: send a chunk to the right
-//! neighbour, receive the next expected one from the left neighbour.
+//! **Direct** (for buffers whose segments fit in one chunk): every rank sends
+//! segment j straight to rank j, which adds the m - 1 contributions in ring
+//! order (its own, then rank j + 1's, j + 2's, ...: a contribution that comes
+//! early waits for its turn), then sends the sum straight to every rank. The
+//! same bytes per rank as the ring, but two hops instead of 2 (m - 1): the
+//! latency-bound small buffers (a model of a few MB, the typed collectives)
+//! win. [`Schedule::choose`] picks by size and node count.
+//!
+//! The scalar rides on segment 0 and is summed in rank order
+//! ([`crate::sum_scalars_in_rank_order`]) by either schedule.
+//!
+//! A transport provides only [`Links`]: send a chunk to a rank, receive the
+//! next chunk of the collective from one of the ranks a schedule waits for.
 
 use std::ops::Range;
 
@@ -43,9 +53,11 @@ pub(crate) struct ChunkHeader {
     pub scalar: f64,
 }
 
-/// The chunk a rank waits for next from its left neighbour.
+/// The chunk a rank waits for next from one sender.
 #[derive(Debug, Clone)]
 pub(crate) struct Expected {
+    /// The rank it must come from.
+    pub from: Rank,
     pub phase: Phase,
     pub step: u32,
     /// The segment being received.
@@ -56,7 +68,7 @@ pub(crate) struct Expected {
 }
 
 impl Expected {
-    /// Checks a chunk of this collective from the left neighbour: `Ok(None)`
+    /// Checks a chunk of this collective from [`Expected::from`]: `Ok(None)`
     /// if it is the one expected, `Ok(Some(reason))` if it must be dropped,
     /// an error if the ranks disagree on the buffer's length.
     pub fn check(&self, h: &ChunkHeader) -> Result<Option<String>, CommError> {
@@ -88,19 +100,80 @@ impl Expected {
     }
 }
 
-/// A rank's two ring neighbours, as a transport provides them.
-pub(crate) trait RingLinks {
+/// What a transport provides to the schedules.
+pub(crate) trait Links {
     /// A received chunk's values, in the transport's form.
     type Chunk;
-    /// Sends `values` (the buffer at `header.offset`) to the right neighbour.
-    fn send(&mut self, header: ChunkHeader, values: &[f32]) -> Result<(), CommError>;
-    /// Waits for the chunk `expected` from the left neighbour; anything else
-    /// is dropped (or is an error, as [`Expected::check`] says). A silent
-    /// neighbour is a [`CommError::PeerTimeout`].
-    fn recv(&mut self, expected: &Expected) -> Result<(ChunkHeader, Self::Chunk), CommError>;
+    /// Sends `values` (the buffer at `header.offset`) to rank `to`.
+    fn send(&mut self, to: Rank, header: ChunkHeader, values: &[f32]) -> Result<(), CommError>;
+    /// Waits for the next chunk of this collective that is one of
+    /// `expected` (each names its sender; at most one per sender) and
+    /// returns its index there; anything else is dropped (or is an error, as
+    /// [`Expected::check`] says). Silence is a [`CommError::PeerTimeout`]
+    /// naming the first of `expected`'s senders.
+    fn recv(
+        &mut self,
+        expected: &[Expected],
+    ) -> Result<(usize, ChunkHeader, Self::Chunk), CommError>;
     /// Writes a received chunk's values into `into` (its place in the
     /// buffer): `into[i] += v[i]` when `add`, else a copy.
     fn apply(&mut self, chunk: Self::Chunk, into: &mut [f32], add: bool);
+}
+
+/// How an all-reduce moves its segments (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    Ring,
+    Direct,
+}
+
+/// The largest all-reduce message over the network, in floats (4 MiB), unless
+/// configured otherwise.
+pub const CHUNK_FLOATS: usize = 1 << 20;
+
+/// Buffers up to this many bytes whose segments fit in one chunk go
+/// [`Schedule::Direct`]. Above it the ring's pipelining wins, and a direct
+/// owner would hold up to m - 1 early contributions.
+pub const DIRECT_MAX_BYTES: usize = 16 << 20;
+
+impl Schedule {
+    /// The schedule of an all-reduce of `n` floats over `m` ranks moving at
+    /// most `chunk` floats per message: direct up to `direct_max` bytes
+    /// ([`DIRECT_MAX_BYTES`] unless configured). A pure function of its
+    /// arguments, so every rank (configured alike) picks the same.
+    pub fn choose(n: usize, m: usize, chunk: usize, direct_max: usize) -> Self {
+        let one_chunk = m > 0 && n.div_ceil(m) <= chunk;
+        if m > 2 && one_chunk && n.saturating_mul(4) <= direct_max {
+            Schedule::Direct
+        } else {
+            Schedule::Ring
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Ring => "ring",
+            Schedule::Direct => "direct",
+        }
+    }
+}
+
+/// Sums `buf` and `scalar` over the `m` ranks with `schedule` (the ring in
+/// messages of at most `chunk` floats); see [`ring_all_reduce`] and
+/// [`direct_all_reduce`].
+pub(crate) fn all_reduce<L: Links>(
+    links: &mut L,
+    schedule: Schedule,
+    rank: Rank,
+    m: usize,
+    chunk: usize,
+    buf: &mut [f32],
+    scalar: &mut f64,
+) -> Result<(), CommError> {
+    match schedule {
+        Schedule::Ring => ring_all_reduce(links, rank, m, chunk, buf, scalar),
+        Schedule::Direct => direct_all_reduce(links, rank, m, buf, scalar),
+    }
 }
 
 /// Chunks of at most `chunk` floats of a segment; an empty segment is one
@@ -129,7 +202,7 @@ pub(crate) const IN_FLIGHT: usize = 3;
 /// (reduce-scatter and all-gather alike), so each chunk is sent on as soon
 /// as it arrived, up to [`IN_FLIGHT`] chunks ahead of the receipts. Every
 /// element still gets the same additions in the same order.
-pub(crate) fn ring_all_reduce<L: RingLinks>(
+pub(crate) fn ring_all_reduce<L: Links>(
     links: &mut L,
     rank: Rank,
     m: usize,
@@ -168,6 +241,7 @@ pub(crate) fn ring_all_reduce<L: RingLinks>(
     let expect = |step: usize| {
         let seg = segment(n, m, recv_seg(step));
         Expected {
+            from: (rank + m - 1) % m,
             phase: phase(step),
             step: step as u32,
             segment: seg.clone(),
@@ -202,7 +276,7 @@ pub(crate) fn ring_all_reduce<L: RingLinks>(
                 total: n,
                 scalar: if seg == 0 && first { scalar0 } else { 0.0 },
             };
-            links.send(header, &buf[range])?;
+            links.send((rank + 1) % m, header, &buf[range])?;
             sent += 1;
             next_send += 1;
             if next_send == send_chunks.len() {
@@ -219,7 +293,7 @@ pub(crate) fn ring_all_reduce<L: RingLinks>(
                 "ring all-reduce: rank {rank} has nothing to send or receive at step {send_step}"
             )));
         }
-        let (h, values) = links.recv(&expected)?;
+        let (_, h, values) = links.recv(std::slice::from_ref(&expected))?;
         let r = h.offset..h.offset + h.len;
         let seg_start = expected.segment.start;
         if recv_seg(recv_step) == 0 && h.offset == seg_start {
@@ -245,6 +319,109 @@ pub(crate) fn ring_all_reduce<L: RingLinks>(
     Ok(())
 }
 
+/// Sums `buf` and `scalar` over the `m` ranks, every segment straight to its
+/// owner and back (see the [module docs](self)). Each segment must fit in
+/// one message (the caller's [`Schedule::choose`]).
+pub(crate) fn direct_all_reduce<L: Links>(
+    links: &mut L,
+    rank: Rank,
+    m: usize,
+    buf: &mut [f32],
+    scalar: &mut f64,
+) -> Result<(), CommError> {
+    if m <= 1 {
+        return Ok(());
+    }
+    let n = buf.len();
+    let mine = segment(n, m, rank);
+    let others = |rank: Rank| (1..m).map(move |k| (rank + k) % m);
+    // Reduce-scatter: segment j to rank j; the scalar to rank 0.
+    for j in others(rank) {
+        let seg = segment(n, m, j);
+        let header = ChunkHeader {
+            phase: Phase::ReduceScatter,
+            step: 0,
+            offset: seg.start,
+            len: seg.len(),
+            total: n,
+            scalar: if j == 0 { *scalar } else { 0.0 },
+        };
+        links.send(j, header, &buf[seg])?;
+    }
+    // Our segment's contributions, added in ring order (rank + 1's first),
+    // and the other ranks' sums, which may come before ours is done.
+    let expect = |from: Rank, phase: Phase, seg: Range<usize>| Expected {
+        from,
+        phase,
+        step: if phase == Phase::ReduceScatter { 0 } else { 1 },
+        cursor: seg.start,
+        segment: seg,
+        total: n,
+    };
+    let mut waiting: Vec<Expected> = others(rank)
+        .map(|from| expect(from, Phase::ReduceScatter, mine.clone()))
+        .chain(others(rank).map(|from| expect(from, Phase::AllGather, segment(n, m, from))))
+        .collect();
+    // Contributions by turn (rank + 1's is turn 0), in the parts the
+    // transport delivered; `turn` is the one being added.
+    let mut parts: Vec<Vec<(ChunkHeader, L::Chunk)>> = (1..m).map(|_| Vec::new()).collect();
+    let mut complete = vec![false; m - 1];
+    let mut turn = 0;
+    let mut total = None;
+    while !waiting.is_empty() {
+        // Kept in order, so that silence is blamed on a contribution first.
+        let (i, h, values) = links.recv(&waiting)?;
+        let e = &mut waiting[i];
+        e.cursor = h.offset + h.len;
+        let (from, phase, seg) = (e.from, e.phase, e.segment.clone());
+        if e.cursor == seg.end {
+            waiting.remove(i);
+        }
+        if phase == Phase::AllGather {
+            if from == 0 && h.offset == seg.start {
+                total = Some(h.scalar);
+            }
+            links.apply(values, &mut buf[h.offset..h.offset + h.len], false);
+            continue;
+        }
+        let t = (from + m - rank) % m - 1;
+        parts[t].push((h, values));
+        complete[t] = !waiting
+            .iter()
+            .any(|e| e.from == from && e.phase == Phase::ReduceScatter);
+        while turn < m - 1 {
+            for (h, values) in parts[turn].drain(..) {
+                if rank == 0 && h.offset == mine.start {
+                    *scalar += h.scalar;
+                }
+                links.apply(values, &mut buf[h.offset..h.offset + h.len], true);
+            }
+            if !complete[turn] {
+                break;
+            }
+            turn += 1;
+            if turn == m - 1 {
+                // Our sum to every rank.
+                for j in others(rank) {
+                    let header = ChunkHeader {
+                        phase: Phase::AllGather,
+                        step: 1,
+                        offset: mine.start,
+                        len: mine.len(),
+                        total: n,
+                        scalar: if rank == 0 { *scalar } else { 0.0 },
+                    };
+                    links.send(j, header, &buf[mine.clone()])?;
+                }
+            }
+        }
+    }
+    if let Some(total) = total {
+        *scalar = total;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +440,23 @@ mod tests {
     }
 
     #[test]
+    fn small_buffers_over_three_or_more_ranks_go_direct() {
+        let choose = |n, m, chunk| Schedule::choose(n, m, chunk, DIRECT_MAX_BYTES);
+        assert_eq!(choose(200_000, 4, CHUNK_FLOATS), Schedule::Direct);
+        assert_eq!(choose(0, 3, CHUNK_FLOATS), Schedule::Direct);
+        // Two ranks: the ring is already direct.
+        assert_eq!(choose(200_000, 2, CHUNK_FLOATS), Schedule::Ring);
+        // Too large, or a segment that takes more than one message.
+        assert_eq!(choose(10_000_000, 4, CHUNK_FLOATS), Schedule::Ring);
+        assert_eq!(choose(200_000, 4, 1000), Schedule::Ring);
+        let at_most = DIRECT_MAX_BYTES / 4;
+        assert_eq!(choose(at_most, 8, usize::MAX), Schedule::Direct);
+        assert_eq!(choose(at_most + 1, 8, usize::MAX), Schedule::Ring);
+        // Configured off.
+        assert_eq!(Schedule::choose(1000, 4, CHUNK_FLOATS, 0), Schedule::Ring);
+    }
+
+    #[test]
     fn chunks_cover_a_segment_and_empty_segments_have_one_chunk() {
         assert_eq!(chunks(3..10, 4), vec![3..7, 7..10]);
         assert_eq!(chunks(5..5, 4), vec![5..5]);
@@ -271,6 +465,7 @@ mod tests {
 
     fn expected() -> Expected {
         Expected {
+            from: 1,
             phase: Phase::ReduceScatter,
             step: 2,
             segment: 10..20,

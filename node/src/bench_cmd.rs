@@ -83,9 +83,14 @@ pub enum BenchCommand {
         /// Number of nodes (threads of this process, each a real libp2p node).
         #[arg(long, default_value_t = 4)]
         nodes: usize,
-        /// Floats per node.
-        #[arg(long, default_value_t = 10_000_000)]
-        floats: usize,
+        /// Floats per node (a list measures each size).
+        #[arg(long, value_delimiter = ',', default_value = "10000000")]
+        floats: Vec<usize>,
+        /// Schedules to measure at each size: auto (what a run picks),
+        /// ring, direct (falls back to the ring where a segment takes more
+        /// than one message).
+        #[arg(long, value_delimiter = ',', default_value = "auto")]
+        schedule: Vec<String>,
         /// Timed all-reduces (after one warm-up).
         #[arg(long, default_value_t = 5)]
         repeats: usize,
@@ -134,6 +139,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Allreduce {
             nodes,
             floats,
+            schedule,
             repeats,
             transport,
             data_lane,
@@ -141,7 +147,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             json,
         } => allreduce(
             nodes,
-            floats,
+            &floats,
+            &schedule,
             repeats.max(1),
             &transport,
             data_lane,
@@ -433,20 +440,135 @@ fn run_peer(spec: &str) -> Result<()> {
     Ok(())
 }
 
+/// `direct_max_bytes` of the schedule asked for at the bench's command line.
+fn direct_max_for(asked: &str) -> Result<usize> {
+    match asked {
+        "auto" => Ok(slowmo_gossip::DIRECT_MAX_BYTES),
+        "ring" => Ok(0),
+        "direct" => Ok(usize::MAX),
+        other => bail!("unknown schedule `{other}` (expected auto, ring or direct)"),
+    }
+}
+
+/// One all-reduce figure: the size, the schedule asked for and taken, and
+/// the seconds of each timed repeat (as long as its slowest rank).
+struct Reduced {
+    floats: usize,
+    asked: String,
+    schedule: &'static str,
+    secs: Vec<f64>,
+}
+
+impl Reduced {
+    fn median(&self) -> f64 {
+        let mut sorted = self.secs.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted[sorted.len() / 2]
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn allreduce(
     nodes: usize,
-    floats: usize,
+    sizes: &[usize],
+    schedules: &[String],
     repeats: usize,
     transport: &str,
     lane: DataLane,
     k: usize,
     json: bool,
 ) -> Result<()> {
-    let first = P2pComm::bind(p2p_config(transport, nodes, floats, lane, k)?)?;
+    let mut figures = Vec::new();
+    for &floats in sizes {
+        for asked in schedules {
+            let direct_max = direct_max_for(asked)?;
+            let cfg = |floats| -> Result<P2pConfig> {
+                let mut cfg = p2p_config(transport, nodes, floats, lane, k)?;
+                cfg.direct_max_bytes = direct_max;
+                Ok(cfg)
+            };
+            let schedule = cfg(floats)?.schedule(floats, nodes).name();
+            let secs = allreduce_once(nodes, floats, repeats, &cfg)?;
+            figures.push(Reduced {
+                floats,
+                asked: asked.clone(),
+                schedule,
+                secs,
+            });
+        }
+    }
+    let bus = |floats: usize, s: f64| {
+        gbits(
+            4.0 * floats as f64 * 2.0 * (nodes as f64 - 1.0) / nodes as f64,
+            s,
+        )
+    };
+    if json {
+        let figures: Vec<_> = figures
+            .iter()
+            .map(|f| {
+                let median = f.median();
+                serde_json::json!({
+                    "floats": f.floats,
+                    "schedule_asked": f.asked,
+                    "schedule": f.schedule,
+                    "median_seconds": median,
+                    "bus_gbit_s": bus(f.floats, median),
+                    "algo_gbit_s": gbits(4.0 * f.floats as f64, median),
+                    "seconds": f.secs,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "bench": "allreduce",
+            "nodes": nodes,
+            "transport": transport,
+            "data_lane": lane.name(),
+            "lane_connections": k,
+            "repeats": repeats,
+            "figures": figures,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!(
+        "all-reduce over {nodes} nodes ({transport} control, {lane} data lane, {k} connections; \
+         threads of one process; median of {repeats})"
+    );
+    println!(
+        "{:>10} {:>8} {:>7} {:>9} {:>10} {:>11} {:>11}",
+        "floats", "MiB", "asked", "schedule", "median s", "bus Gbit/s", "min s"
+    );
+    for f in &figures {
+        let median = f.median();
+        let min = f.secs.iter().copied().fold(f64::INFINITY, f64::min);
+        println!(
+            "{:>10} {:>8.2} {:>7} {:>9} {:>10.4} {:>11.2} {:>11.4}",
+            f.floats,
+            4.0 * f.floats as f64 / (1 << 20) as f64,
+            f.asked,
+            f.schedule,
+            median,
+            bus(f.floats, median),
+            min
+        );
+    }
+    Ok(())
+}
+
+/// Starts `nodes` nodes (threads of this process) and times `repeats`
+/// all-reduces of `floats` floats after one warm-up.
+fn allreduce_once(
+    nodes: usize,
+    floats: usize,
+    repeats: usize,
+    cfg: &dyn Fn(usize) -> Result<P2pConfig>,
+) -> Result<Vec<f64>> {
+    let first = P2pComm::bind(cfg(floats)?)?;
     let boot = first.listen_addrs();
     let mut handles = vec![std::thread::spawn(move || first.join())];
     for _ in 1..nodes {
-        let cfg = p2p_config(transport, nodes, floats, lane, k)?.with_bootstrap(boot.clone());
+        let cfg = cfg(floats)?.with_bootstrap(boot.clone());
         handles.push(std::thread::spawn(move || P2pComm::start(cfg)));
     }
     let comms: Vec<P2pComm> = handles
@@ -484,51 +606,8 @@ fn allreduce(
         per_rank.push(times);
         c.shutdown();
     }
-    let bytes = 4.0 * floats as f64;
-    let bus = bytes * 2.0 * (nodes as f64 - 1.0) / nodes as f64;
     // A repeat takes as long as its slowest rank.
-    let secs: Vec<f64> = (0..repeats)
+    Ok((0..repeats)
         .map(|k| per_rank.iter().map(|t| t[k]).fold(0.0, f64::max))
-        .collect();
-    let mut sorted = secs.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
-    let schedule = "ring";
-    if json {
-        let doc = serde_json::json!({
-            "bench": "allreduce",
-            "nodes": nodes,
-            "floats": floats,
-            "transport": transport,
-            "data_lane": lane.name(),
-            "lane_connections": k,
-            "schedule": schedule,
-            "median_seconds": median,
-            "bus_gbit_s": gbits(bus, median),
-            "algo_gbit_s": gbits(bytes, median),
-            "seconds": secs,
-        });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
-    }
-    println!(
-        "all-reduce of {floats} floats ({:.1} MiB) over {nodes} nodes ({transport} control, \
-         {lane} data lane, {k} connections; schedule {schedule}; threads of one process)",
-        bytes / (1 << 20) as f64
-    );
-    println!(
-        "{:>6} {:>10} {:>14} {:>14}",
-        "repeat", "seconds", "algo Gbit/s", "bus Gbit/s"
-    );
-    for (k, s) in secs.iter().enumerate() {
-        println!(
-            "{:>6} {:>10.3} {:>14.2} {:>14.2}",
-            k + 1,
-            s,
-            gbits(bytes, *s),
-            gbits(bus, *s)
-        );
-    }
-    println!("median {median:.3} s, bus {:.2} Gbit/s", gbits(bus, median));
-    Ok(())
+        .collect())
 }

@@ -146,9 +146,11 @@ fn json_documents_carry_the_figures_by_name() {
         &[
             "allreduce",
             "--nodes",
-            "2",
+            "3",
             "--floats",
             "1000",
+            "--schedule",
+            "auto,ring",
             "--repeats",
             "3",
             "--json",
@@ -156,12 +158,19 @@ fn json_documents_carry_the_figures_by_name() {
         None,
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
-    assert!(
-        doc["median_seconds"].as_f64().is_some_and(|s| s > 0.0),
-        "{doc}"
-    );
-    assert!(doc["bus_gbit_s"].as_f64().is_some(), "{doc}");
-    assert_eq!(doc["schedule"], "ring");
     assert_eq!(doc["data_lane"], "encrypted");
-    assert_eq!(doc["seconds"].as_array().map(Vec::len), Some(3));
+    assert_eq!(doc["nodes"], 3);
+    let figures = doc["figures"].as_array().expect("figures");
+    assert_eq!(figures.len(), 2, "{doc}");
+    for f in figures {
+        assert!(f["median_seconds"].as_f64().is_some_and(|s| s > 0.0), "{f}");
+        assert!(f["bus_gbit_s"].as_f64().is_some(), "{f}");
+        assert_eq!(f["seconds"].as_array().map(Vec::len), Some(3));
+        assert_eq!(f["floats"], 1000);
+    }
+    // A small buffer over three nodes goes direct unless the ring is asked for.
+    assert_eq!(figures[0]["schedule_asked"], "auto");
+    assert_eq!(figures[0]["schedule"], "direct");
+    assert_eq!(figures[1]["schedule_asked"], "ring");
+    assert_eq!(figures[1]["schedule"], "ring");
 }

@@ -1,27 +1,27 @@
-//! The in-memory links of the ring all-reduce ([`crate::ring`]): one
-//! channel per rank from its left neighbour. Chunks travel as `f32`
+//! The in-memory links of the all-reduce schedules ([`crate::ring`]): one
+//! inbox channel per rank, fed by every other rank. Chunks travel as `f32`
 //! vectors, recycled by their receiver for its own next sends.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::Duration;
 
 use super::worker_name;
-use crate::ring::{ChunkHeader, Expected, RingLinks, ring_all_reduce};
+use crate::ring::{ChunkHeader, DIRECT_MAX_BYTES, Expected, Links, Schedule};
 use crate::{CommError, Rank};
 
-/// A chunk in flight: the ring's header, the collective it belongs to, and
-/// its values.
+/// A chunk in flight: its sender, the collective it belongs to, the
+/// schedule's header, and its values.
 struct Chunk {
+    from: Rank,
     seq: u64,
     header: ChunkHeader,
     values: Vec<f32>,
 }
 
-/// One rank's ends of the ring: a sender to its right neighbour and the
-/// receiver of its left neighbour's chunks.
+/// One rank's ends: a sender to every rank's inbox and its own inbox.
 pub(super) struct RingEnds {
-    to_right: Sender<Chunk>,
-    from_left: Receiver<Chunk>,
+    to: Vec<Sender<Chunk>>,
+    inbox: Receiver<Chunk>,
     /// All-reduces run so far.
     seq: u64,
     /// Received vectors, reused for sending.
@@ -31,13 +31,11 @@ pub(super) struct RingEnds {
 /// The ring ends of ranks `0..size`, in rank order.
 pub(super) fn ring_ends(size: usize) -> Vec<RingEnds> {
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..size).map(|_| channel()).unzip();
-    // Rank r sends into the channel that rank r + 1 receives from.
     receivers
         .into_iter()
-        .enumerate()
-        .map(|(rank, from_left)| RingEnds {
-            to_right: senders[(rank + 1) % size].clone(),
-            from_left,
+        .map(|inbox| RingEnds {
+            to: senders.clone(),
+            inbox,
             seq: 0,
             spare: Vec::new(),
         })
@@ -45,73 +43,73 @@ pub(super) fn ring_ends(size: usize) -> Vec<RingEnds> {
 }
 
 /// One collective over a rank's ring ends.
-struct Links<'a> {
+struct Collective<'a> {
     ends: &'a mut RingEnds,
     rank: Rank,
-    size: usize,
     timeout: Duration,
     operation: &'static str,
 }
 
-impl Links<'_> {
-    fn left(&self) -> Rank {
-        (self.rank + self.size - 1) % self.size
-    }
-
+impl Collective<'_> {
     /// A chunk that cannot come from a correct in-process peer.
-    fn out_of_step(&self, reason: &str) -> CommError {
+    fn out_of_step(&self, from: Rank, reason: &str) -> CommError {
         CommError::Other(format!(
-            "{} {}: from rank {}: {reason}",
-            self.operation,
-            self.ends.seq,
-            self.left()
+            "{} {}: from rank {from}: {reason}",
+            self.operation, self.ends.seq
         ))
     }
 }
 
-impl RingLinks for Links<'_> {
+impl Links for Collective<'_> {
     type Chunk = Vec<f32>;
 
-    fn send(&mut self, header: ChunkHeader, values: &[f32]) -> Result<(), CommError> {
+    fn send(&mut self, to: Rank, header: ChunkHeader, values: &[f32]) -> Result<(), CommError> {
         let mut v = self.ends.spare.pop().unwrap_or_default();
         v.clear();
         v.extend_from_slice(values);
         let chunk = Chunk {
+            from: self.rank,
             seq: self.ends.seq,
             header,
             values: v,
         };
-        self.ends.to_right.send(chunk).map_err(|_| {
-            let right = (self.rank + 1) % self.size;
-            CommError::Closed(format!("worker {right} is gone"))
-        })
+        self.ends.to[to]
+            .send(chunk)
+            .map_err(|_| CommError::Closed(format!("worker {to} is gone")))
     }
 
-    fn recv(&mut self, expected: &Expected) -> Result<(ChunkHeader, Vec<f32>), CommError> {
-        let chunk = match self.ends.from_left.recv_timeout(self.timeout) {
+    fn recv(&mut self, expected: &[Expected]) -> Result<(usize, ChunkHeader, Vec<f32>), CommError> {
+        let first = expected.first().map_or(self.rank, |e| e.from);
+        let chunk = match self.ends.inbox.recv_timeout(self.timeout) {
             Ok(chunk) => chunk,
             Err(RecvTimeoutError::Timeout) => {
-                let left = self.left();
                 return Err(CommError::PeerTimeout {
-                    peer: worker_name(left),
-                    rank: left,
+                    peer: worker_name(first),
+                    rank: first,
                     round: self.ends.seq,
                     operation: self.operation,
                     timeout: self.timeout,
                 });
             }
             Err(RecvTimeoutError::Disconnected) => {
-                return Err(CommError::Closed(format!("worker {} is gone", self.left())));
+                return Err(CommError::Closed(format!("worker {first} is gone")));
             }
         };
         if chunk.seq != self.ends.seq {
             let reason = format!("a chunk of collective {}", chunk.seq);
-            return Err(self.out_of_step(&reason));
+            return Err(self.out_of_step(chunk.from, &reason));
         }
-        if let Some(reason) = expected.check(&chunk.header)? {
-            return Err(self.out_of_step(&reason));
+        let from = chunk.from;
+        let Some(i) = expected
+            .iter()
+            .position(|e| e.from == from && e.phase == chunk.header.phase)
+        else {
+            return Err(self.out_of_step(from, "a chunk no schedule step waits for"));
+        };
+        if let Some(reason) = expected[i].check(&chunk.header)? {
+            return Err(self.out_of_step(from, &reason));
         }
-        Ok((chunk.header, chunk.values))
+        Ok((i, chunk.header, chunk.values))
     }
 
     fn apply(&mut self, values: Vec<f32>, into: &mut [f32], add: bool) {
@@ -126,8 +124,8 @@ impl RingLinks for Links<'_> {
     }
 }
 
-/// Sums `buf` and `scalar` over the ring of `size` ranks. Every rank must
-/// call it with a buffer of the same length.
+/// Sums `buf` and `scalar` over the `size` ranks ([`crate::ring::Schedule`]).
+/// Every rank must call it with a buffer of the same length.
 pub(super) fn all_reduce(
     ends: &mut RingEnds,
     rank: Rank,
@@ -137,42 +135,65 @@ pub(super) fn all_reduce(
     scalar: &mut f64,
 ) -> Result<(), CommError> {
     ends.seq += 1;
-    let mut links = Links {
+    let mut links = Collective {
         ends,
         rank,
-        size,
         timeout,
         operation: "all-reduce",
     };
     // In memory a chunk costs a hand-over, not bandwidth: one per segment.
-    ring_all_reduce(&mut links, rank, size, usize::MAX, buf, scalar)
+    let schedule = Schedule::choose(buf.len(), size, usize::MAX, DIRECT_MAX_BYTES);
+    crate::ring::all_reduce(&mut links, schedule, rank, size, usize::MAX, buf, scalar)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ring::{direct_all_reduce, ring_all_reduce};
+    use crate::{sum_scalars_in_rank_order, sum_segment_in_ring_order};
+
+    /// Values of mixed magnitude, so that the order of a sum shows in its
+    /// bits.
+    fn values(rank: usize, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let big = if (i + rank).is_multiple_of(3) {
+                    1e4
+                } else {
+                    1.0
+                };
+                (((i * 31 + rank * 17) % 97) as f32 * 0.013 - 0.4) * big
+            })
+            .collect()
+    }
+
+    fn scalar_of(rank: usize) -> f64 {
+        0.1 + rank as f64 * 0.7
+    }
 
     /// Every rank's result of one all-reduce of `n` floats over `m` ranks
-    /// in chunks of `chunk`.
-    fn reduce(m: usize, n: usize, chunk: usize) -> Vec<(Vec<u32>, u64)> {
+    /// with `schedule` (the ring in chunks of `chunk`).
+    fn reduce(m: usize, n: usize, chunk: usize, schedule: Schedule) -> Vec<(Vec<u32>, u64)> {
         let handles: Vec<_> = ring_ends(m)
             .into_iter()
             .enumerate()
             .map(|(rank, mut ends)| {
                 std::thread::spawn(move || {
-                    let mut buf: Vec<f32> = (0..n)
-                        .map(|i| ((i * 31 + rank * 17) % 97) as f32 * 0.013 - 0.4)
-                        .collect();
-                    let mut scalar = 0.1 + rank as f64;
+                    let mut buf = values(rank, n);
+                    let mut scalar = scalar_of(rank);
                     ends.seq += 1;
-                    let mut links = Links {
+                    let mut links = Collective {
                         ends: &mut ends,
                         rank,
-                        size: m,
                         timeout: Duration::from_secs(10),
                         operation: "all-reduce",
                     };
-                    ring_all_reduce(&mut links, rank, m, chunk, &mut buf, &mut scalar).unwrap();
+                    let (b, s) = (&mut buf, &mut scalar);
+                    match schedule {
+                        Schedule::Ring => ring_all_reduce(&mut links, rank, m, chunk, b, s),
+                        Schedule::Direct => direct_all_reduce(&mut links, rank, m, b, s),
+                    }
+                    .unwrap();
                     (buf.iter().map(|v| v.to_bits()).collect(), scalar.to_bits())
                 })
             })
@@ -180,16 +201,59 @@ mod tests {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     }
 
+    /// The sum the protocol defines: each segment in ring order, the scalar
+    /// in rank order.
+    fn reference(m: usize, n: usize) -> (Vec<u32>, u64) {
+        let all: Vec<Vec<f32>> = (0..m).map(|r| values(r, n)).collect();
+        let refs: Vec<&[f32]> = all.iter().map(Vec::as_slice).collect();
+        let mut out = vec![0.0f32; n];
+        for j in 0..m {
+            let seg = crate::segment(n, m, j);
+            sum_segment_in_ring_order(&refs, j, &mut out[seg]);
+        }
+        let scalar = sum_scalars_in_rank_order((0..m).map(scalar_of));
+        (out.iter().map(|v| v.to_bits()).collect(), scalar.to_bits())
+    }
+
     #[test]
     fn pipelined_chunks_give_the_bits_of_whole_segments() {
         for (m, n) in [(2, 10), (3, 50), (4, 1001), (5, 3)] {
-            let whole = reduce(m, n, usize::MAX);
+            let whole = reduce(m, n, usize::MAX, Schedule::Ring);
             assert!(
-                whole.iter().all(|r| *r == whole[0]),
-                "m {m} n {n}: ranks differ"
+                whole.iter().all(|r| *r == reference(m, n)),
+                "m {m} n {n}: a rank differs from the reference sum"
             );
             for chunk in [1, 3, 7, 64] {
-                assert_eq!(reduce(m, n, chunk), whole, "m {m} n {n} chunk {chunk}");
+                let chunked = reduce(m, n, chunk, Schedule::Ring);
+                assert_eq!(chunked, whole, "m {m} n {n} chunk {chunk}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_direct_schedule_gives_the_rings_bits() {
+        // Sums whose order matters (values of mixed magnitude), segments
+        // of every size including empty ones, rank counts up to 9.
+        let rank_order = |m: usize, n: usize| {
+            let all: Vec<Vec<f32>> = (0..m).map(|r| values(r, n)).collect();
+            let mut out = all[0].clone();
+            for v in &all[1..] {
+                out.iter_mut().zip(v).for_each(|(a, b)| *a += *b);
+            }
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        assert_ne!(
+            reference(8, 4099).0,
+            rank_order(8, 4099),
+            "the values must make the summation order visible"
+        );
+        for (m, n) in [(2, 10), (3, 50), (4, 1001), (5, 3), (8, 4099), (9, 0)] {
+            let want = reference(m, n);
+            for attempt in 0..3 {
+                let got = reduce(m, n, usize::MAX, Schedule::Direct);
+                for (rank, r) in got.iter().enumerate() {
+                    assert_eq!(*r, want, "m {m} n {n} rank {rank} attempt {attempt}");
+                }
             }
         }
     }

@@ -14,9 +14,10 @@
 //!   clock, so background gossip runs at each worker's own pace;
 //! - collectives ([`Simulated::enter_collective`],
 //!   [`Simulated::leave_collective`]): every worker leaves at the latest
-//!   entry clock plus the time of a ring all-reduce, `2 (m - 1)` hops of
-//!   `bytes / m` over the slowest link. Collectives are not lost (a real
-//!   transport retransmits).
+//!   entry clock plus the time of the collective's schedule: `2 (m - 1)`
+//!   hops of `bytes / m` over the slowest link for a ring, 2 for a direct
+//!   all-reduce (as [`crate::Schedule::choose`] picks over the network).
+//!   Collectives are not lost (a real transport retransmits).
 //!
 //! Every answer is a function of the seed and the clocks, never of thread
 //! scheduling, so a run replays bit for bit.
@@ -25,6 +26,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::Schedule;
 use crate::ledger::Ledger;
 use crate::simnet::{
     ClockBoard, Delivery, MIN_LATENCY_S, Message, MessageKey, MessageKind, OutLinks, SimNetwork,
@@ -186,7 +188,7 @@ impl Simulated {
 
     /// After the collective completed (every worker entered it); `bytes` is
     /// what each worker contributed.
-    pub fn leave_collective(&mut self, bytes: u64) {
+    pub fn leave_collective(&mut self, bytes: u64, schedule: Schedule) {
         let seq = self.collectives;
         self.collectives += 1;
         let latest = {
@@ -200,13 +202,15 @@ impl Simulated {
             }
             latest.unwrap_or_else(|| self.board().clock(self.rank))
         };
-        let to = latest + self.collective_cost(bytes);
+        let to = latest + self.collective_cost(bytes, schedule);
         self.board().leave_collective(self.rank, to);
     }
 
-    /// A ring all-reduce of `bytes`: `2 (m - 1)` hops of `bytes / m`, each
-    /// as slow as the slowest link (without jitter).
-    fn collective_cost(&self, bytes: u64) -> f64 {
+    /// A collective of `bytes`: `2 (m - 1)` hops of `bytes / m` for a
+    /// ring, 2 for a direct schedule (each rank's m - 1 messages of a round
+    /// go over their own links at once), each hop as slow as the slowest
+    /// link (without jitter).
+    fn collective_cost(&self, bytes: u64, schedule: Schedule) -> f64 {
         let net = &self.common.net;
         let m = net.world_size();
         if m < 2 {
@@ -221,7 +225,11 @@ impl Simulated {
                 hop = hop.max(send + link.delay_s.max(MIN_LATENCY_S));
             }
         }
-        2.0 * (m - 1) as f64 * hop
+        let hops = match schedule {
+            Schedule::Ring => 2 * (m - 1),
+            Schedule::Direct => 2,
+        };
+        hops as f64 * hop
     }
 
     pub fn virtual_time(&self) -> VirtualTime {

@@ -1,10 +1,11 @@
-//! The libp2p links of the ring all-reduce ([`crate::ring`]): chunks are
-//! frames of `all-reduce/1` to the right neighbour, read back from the
-//! reduce inbox and checked against what the ring expects.
+//! The network links of the all-reduce schedules ([`crate::ring`]): chunks
+//! are frames of `all-reduce/1` (or lane frames) to a rank, read back from
+//! the reduce inbox and checked against what the schedule expects.
 //!
 //! Memory: a segment moves in chunks of at most `chunk_floats`; a rank holds
-//! at most a few chunks in flight per neighbour (one queued for sending, one
-//! being written, one being read, one waiting to be added).
+//! at most a few chunks in flight per link (one queued for sending, one
+//! being written, one being read, one waiting to be added), and a direct
+//! schedule's owner at most m - 1 early contributions of one segment.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,12 +13,12 @@ use std::time::Instant;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
-use super::links::Outgoing;
+use super::links::{Link, Outgoing};
 use super::payload::{add_bytes, copy_bytes, encode_for};
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{DType, Header, Kind, Reject, WIRE_VERSION, encode_header};
 use super::{Stopped, block_on_active};
-use crate::ring::{ChunkHeader, Expected, Phase, RingLinks, ring_all_reduce};
+use crate::ring::{ChunkHeader, Expected, Links, Phase, all_reduce};
 use crate::{CommError, Rank};
 
 fn kind_of(phase: Phase) -> Kind {
@@ -33,8 +34,13 @@ pub(crate) struct Ring<'a> {
     pub shared: &'a Arc<Shared>,
     pub view: &'a View,
     pub rank: Rank,
-    pub right: &'a mpsc::Sender<Outgoing>,
+    /// All-reduce links by rank.
+    pub links: &'a [Option<Link>],
     pub inbox: &'a mut mpsc::Receiver<ReduceMsg>,
+    /// Frames of the next collective, kept for it: a rank that finished a
+    /// direct schedule may start the next collective while we still wait
+    /// for another rank's part of this one.
+    pub early: &'a mut Vec<ReduceMsg>,
     pub seq: u64,
     pub operation: &'static str,
 }
@@ -46,16 +52,28 @@ impl Ring<'_> {
         (self.rank + m - 1) % m
     }
 
-    /// The next message in the collective inbox. Silence, not slowness, is
-    /// what times out: the left neighbour's clock restarts with every frame,
-    /// and with every byte of one still arriving; frames the caller rejects
-    /// do not restart it (`started` stays the caller's).
-    pub(super) fn next_from_left(&mut self, started: Instant) -> Result<ReduceMsg, CommError> {
-        let left = self.left();
-        let left_peer = self.view.members[left];
+    /// The next message of this collective in the inbox, waiting for rank
+    /// `from` (the first of those the caller waits for). Silence, not
+    /// slowness, is what times out: that rank's clock restarts with every
+    /// frame, and with every byte of one still arriving; frames the caller
+    /// rejects do not restart it (`started` stays the caller's). Frames of
+    /// the next collective are kept for it.
+    pub(super) fn next_msg(
+        &mut self,
+        from: Rank,
+        started: Instant,
+    ) -> Result<ReduceMsg, CommError> {
+        if let Some(i) = self.early.iter().position(|m| m.header.round == self.seq) {
+            return Ok(self.early.remove(i));
+        }
+        let peer = self.view.members[from];
         let wait = self.shared.cfg.peer_timeout;
         let number = self.view.number;
+        let next = self.seq + 1;
+        // A rank one collective ahead has sent at most a few chunks to us.
+        let keep = 8 * self.view.members.len() + 16;
         let inbox = &mut *self.inbox;
+        let early = &mut *self.early;
         let shared = self.shared;
         // A chunk of an earlier view (checked before the view changed, or
         // queued then) is dropped without blame.
@@ -63,16 +81,17 @@ impl Ring<'_> {
             loop {
                 match inbox.recv().await {
                     Some(msg) if msg.header.view != number => shared.pool.give(msg.payload),
+                    Some(msg) if msg.header.round == next && early.len() < keep => early.push(msg),
                     other => return other,
                 }
             }
         };
-        let got = block_on_active(self.rt, self.shared, &left_peer, started, wait, fresh);
+        let got = block_on_active(self.rt, self.shared, &peer, started, wait, fresh);
         match got {
             Ok(Some(msg)) => Ok(msg),
             Ok(None) => Err(CommError::Closed("all-reduce inbox closed".into())),
             Err(Stopped::Alarm(e)) => Err(e),
-            Err(Stopped::Silent) => Err(self.peer_timeout(left)),
+            Err(Stopped::Silent) => Err(self.peer_timeout(from)),
         }
     }
 
@@ -86,10 +105,10 @@ impl Ring<'_> {
         }
     }
 
-    /// The error of a rank whose left neighbour sent a frame of another
+    /// The error of a rank to which rank `from` sent a frame of another
     /// kind of collective under our sequence number.
-    pub(super) fn other_collective(&self, left: Rank, kind: Kind) -> CommError {
-        other_collective(self.operation, self.seq, left, kind)
+    pub(super) fn other_collective(&self, from: Rank, kind: Kind) -> CommError {
+        other_collective(self.operation, self.seq, from, kind)
     }
 
     /// A header of this collective, located at 0 in a buffer of `len`.
@@ -111,42 +130,45 @@ impl Ring<'_> {
         }
     }
 
-    /// Queues one frame for the right neighbour.
-    pub(super) fn send_frame(&self, header: Header, payload: Vec<u8>) -> Result<(), CommError> {
+    /// Queues one frame for rank `to`.
+    pub(super) fn send_frame(
+        &self,
+        to: Rank,
+        header: Header,
+        payload: Vec<u8>,
+    ) -> Result<(), CommError> {
         let msg = Outgoing {
             header: encode_header(&header),
             payload: Arc::new(payload),
         };
-        let right = (self.rank + 1) % self.view.members.len();
+        let Some(Some(link)) = self.links.get(to) else {
+            return Err(CommError::Other(format!(
+                "{} {}: no all-reduce link to rank {to}",
+                self.operation, self.seq
+            )));
+        };
         let wait = self.shared.cfg.peer_timeout;
-        let peer = self.view.members[right];
-        let send = self.right.send(msg);
+        let peer = self.view.members[to];
+        let send = link.queue.send(msg);
         match block_on_active(self.rt, self.shared, &peer, Instant::now(), wait, send) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(CommError::Closed(format!("link to rank {right} is gone"))),
+            Ok(Err(_)) => Err(CommError::Closed(format!("link to rank {to} is gone"))),
             Err(Stopped::Alarm(e)) => Err(e),
-            Err(Stopped::Silent) => Err(self.peer_timeout(right)),
+            Err(Stopped::Silent) => Err(self.peer_timeout(to)),
         }
     }
 
-    /// Waits for the next frame from the left neighbour that is the chunk
-    /// `expected`; anything else is dropped and counted.
-    fn recv_chunk(&mut self, expected: &Expected) -> Result<ReduceMsg, CommError> {
-        let left = self.left();
+    /// Waits for the next frame that is one of the chunks `expected`
+    /// (returning its index there); anything else is dropped and counted.
+    fn recv_chunk(&mut self, expected: &[Expected]) -> Result<(usize, ReduceMsg), CommError> {
+        let first = expected.first().map_or(self.left(), |e| e.from);
         let started = Instant::now();
         loop {
-            let msg = self.next_from_left(started)?;
-            let verdict = chunk_verdict(
-                &msg.header,
-                msg.from,
-                left,
-                self.seq,
-                expected,
-                self.operation,
-            )?;
+            let msg = self.next_msg(first, started)?;
+            let verdict = chunk_verdict(&msg.header, msg.from, self.seq, expected, self.operation)?;
             match verdict {
-                None => return Ok(msg),
-                Some(reason) => {
+                Ok(i) => return Ok((i, msg)),
+                Err(reason) => {
                     let peer = self.view.members[msg.from];
                     self.shared.reject(
                         &peer,
@@ -158,25 +180,21 @@ impl Ring<'_> {
         }
     }
 
-    /// Sums `buf` and `scalar` over the ring.
+    /// Sums `buf` and `scalar` over the ranks ([`crate::ring::Schedule`]).
     pub fn run(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
-        let chunk = self
-            .shared
-            .cfg
-            .chunk_floats
-            .min((self.shared.cfg.max_message_bytes / 4) as usize)
-            .max(1);
+        let chunk = self.shared.cfg.message_floats();
         let (rank, m) = (self.rank, self.view.members.len());
-        ring_all_reduce(self, rank, m, chunk, buf, scalar)
+        let schedule = self.shared.cfg.schedule(buf.len(), m);
+        all_reduce(self, schedule, rank, m, chunk, buf, scalar)
     }
 }
 
-/// The error of a rank whose left neighbour sent a frame of another kind of
+/// The error of a rank to which rank `from` sent a frame of another kind of
 /// collective under our sequence number.
-fn other_collective(operation: &str, seq: u64, left: Rank, kind: Kind) -> CommError {
+fn other_collective(operation: &str, seq: u64, from: Rank, kind: Kind) -> CommError {
     CommError::Other(format!(
-        "{operation} {seq}: the left neighbour (rank {left}) sent a {kind:?} frame: the ranks \
-         called collectives in different orders"
+        "{operation} {seq}: rank {from} sent a {kind:?} frame: the ranks called collectives in \
+         different orders"
     ))
 }
 
@@ -194,52 +212,61 @@ pub(super) fn chunk_of(h: &Header, phase: Phase) -> ChunkHeader {
 }
 
 /// What becomes of a checked frame of the collective inbox (sent by rank
-/// `from`) while collective `seq` of `operation` waits for the chunk
-/// `expected` from rank `left`: `Ok(None)` it is that chunk, `Ok(Some(reason))`
-/// it is dropped, an error ends the collective.
+/// `from`) while collective `seq` of `operation` waits for one of the chunks
+/// `expected`: `Ok(Ok(i))` it is `expected[i]`, `Ok(Err(reason))` it is
+/// dropped, an error ends the collective.
 pub(super) fn chunk_verdict(
     h: &Header,
     from: Rank,
-    left: Rank,
     seq: u64,
-    expected: &Expected,
+    expected: &[Expected],
     operation: &str,
-) -> Result<Option<String>, CommError> {
-    let ours = from == left && h.round == seq;
+) -> Result<Result<usize, String>, CommError> {
+    let ours = expected.iter().any(|e| e.from == from) && h.round == seq;
     if ours && h.kind == Kind::Gather {
-        return Err(other_collective(operation, seq, left, h.kind));
-    }
-    if from != left {
-        return Ok(Some(format!(
-            "all-reduce chunk from rank {from}, expected the left neighbour {left}"
-        )));
-    }
-    if h.round != seq {
-        return Ok(Some(format!(
-            "all-reduce chunk of collective {} step {} ({:?}), expected {seq} step {} ({:?})",
-            h.round,
-            h.step,
-            h.kind,
-            expected.step,
-            kind_of(expected.phase)
-        )));
-    }
-    if h.kind == Kind::PushSum {
-        return Ok(Some(
-            "a push-sum frame on the all-reduce protocol".to_string(),
-        ));
+        return Err(other_collective(operation, seq, from, h.kind));
     }
     let phase = match h.kind {
         Kind::AllGather => Phase::AllGather,
         _ => Phase::ReduceScatter,
     };
-    expected.check(&chunk_of(h, phase))
+    // The sender's expectation of the frame's phase, else its other one.
+    let by_phase = expected
+        .iter()
+        .position(|e| e.from == from && e.phase == phase);
+    let Some(i) = by_phase.or_else(|| expected.iter().position(|e| e.from == from)) else {
+        let senders: Vec<String> = expected.iter().map(|e| e.from.to_string()).collect();
+        return Ok(Err(format!(
+            "all-reduce chunk from rank {from}, expected one from rank {}",
+            senders.join(" or ")
+        )));
+    };
+    let e = &expected[i];
+    if h.round != seq {
+        return Ok(Err(format!(
+            "all-reduce chunk of collective {} step {} ({:?}), expected {seq} step {} ({:?})",
+            h.round,
+            h.step,
+            h.kind,
+            e.step,
+            kind_of(e.phase)
+        )));
+    }
+    if h.kind == Kind::PushSum {
+        return Ok(Err(
+            "a push-sum frame on the all-reduce protocol".to_string()
+        ));
+    }
+    Ok(match e.check(&chunk_of(h, phase))? {
+        None => Ok(i),
+        Some(reason) => Err(reason),
+    })
 }
 
-impl RingLinks for Ring<'_> {
+impl Links for Ring<'_> {
     type Chunk = Vec<u8>;
 
-    fn send(&mut self, chunk: ChunkHeader, values: &[f32]) -> Result<(), CommError> {
+    fn send(&mut self, to: Rank, chunk: ChunkHeader, values: &[f32]) -> Result<(), CommError> {
         let lane = self.shared.lanes.get().is_some();
         let (payload, sum) = encode_for(lane, values, self.shared.pool.take(4 * values.len()));
         let header = Header {
@@ -248,12 +275,12 @@ impl RingLinks for Ring<'_> {
             total: chunk.total as u64,
             ..self.header(kind_of(chunk.phase), chunk.step, values.len() as u64, sum)
         };
-        self.send_frame(header, payload)
+        self.send_frame(to, header, payload)
     }
 
-    fn recv(&mut self, expected: &Expected) -> Result<(ChunkHeader, Vec<u8>), CommError> {
-        let msg = self.recv_chunk(expected)?;
-        Ok((chunk_of(&msg.header, expected.phase), msg.payload))
+    fn recv(&mut self, expected: &[Expected]) -> Result<(usize, ChunkHeader, Vec<u8>), CommError> {
+        let (i, msg) = self.recv_chunk(expected)?;
+        Ok((i, chunk_of(&msg.header, expected[i].phase), msg.payload))
     }
 
     fn apply(&mut self, payload: Vec<u8>, into: &mut [f32], add: bool) {

@@ -83,6 +83,10 @@ pub struct P2pConfig {
     /// Floats per all-reduce message: the pipeline's unit, and the bound on
     /// the extra memory each ring neighbour costs (a few chunks).
     pub chunk_floats: usize,
+    /// All-reduces of at most this many bytes whose segments fit in one
+    /// chunk take the direct schedule ([`crate::Schedule::choose`]; 0: the
+    /// ring always). Every node of a run must use the same.
+    pub direct_max_bytes: usize,
     /// Rejected messages after which a peer is disconnected.
     pub max_offences: u32,
     /// Threads of the node's own tokio runtime.
@@ -113,7 +117,7 @@ impl P2pConfig {
     /// mDNS, fresh identity, 60 s join and peer timeouts, a size cap of one
     /// payload or one all-reduce chunk, whichever is larger.
     pub fn new(run: RunIdentity, nodes: usize, payload_floats: usize) -> Self {
-        let chunk_floats = 1 << 20;
+        let chunk_floats = crate::CHUNK_FLOATS;
         let workers = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2)
@@ -135,6 +139,7 @@ impl P2pConfig {
             max_message_bytes: 4 * payload_floats.max(chunk_floats) as u64,
             round_window: 256,
             chunk_floats,
+            direct_max_bytes: crate::DIRECT_MAX_BYTES,
             max_offences: 16,
             worker_threads: workers,
             data_lane: DataLane::default(),
@@ -197,6 +202,19 @@ impl P2pConfig {
     pub fn with_chunk_floats(mut self, chunk: usize) -> Self {
         self.chunk_floats = chunk.max(1);
         self
+    }
+
+    /// The largest all-reduce message, in floats: a chunk, as far as the
+    /// message cap allows.
+    pub(crate) fn message_floats(&self) -> usize {
+        self.chunk_floats
+            .min((self.max_message_bytes / 4) as usize)
+            .max(1)
+    }
+
+    /// The schedule of an all-reduce of `n` floats over `m` ranks.
+    pub fn schedule(&self, n: usize, m: usize) -> crate::Schedule {
+        crate::Schedule::choose(n, m, self.message_floats(), self.direct_max_bytes)
     }
 
     /// Checks what [`P2pComm::start`](super::P2pComm::start) cannot work

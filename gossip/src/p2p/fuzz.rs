@@ -37,7 +37,7 @@ use super::wire::{
 };
 use crate::collectives::{ReduceOp, reduce_u64, sum_f64_in_rank_order};
 use crate::ledger::Inbox;
-use crate::ring::{ChunkHeader, Expected, RingLinks, chunks, ring_all_reduce};
+use crate::ring::{ChunkHeader, Expected, Links, chunks, ring_all_reduce};
 use crate::{CommError, Rank, segment};
 
 /// The targets, by name.
@@ -245,25 +245,25 @@ struct FuzzLinks<'a> {
     dropped: usize,
 }
 
-impl RingLinks for FuzzLinks<'_> {
+impl Links for FuzzLinks<'_> {
     type Chunk = Vec<u8>;
 
-    fn send(&mut self, _: ChunkHeader, _: &[f32]) -> Result<(), CommError> {
+    fn send(&mut self, _: Rank, _: ChunkHeader, _: &[f32]) -> Result<(), CommError> {
         Ok(())
     }
 
-    fn recv(&mut self, expected: &Expected) -> Result<(ChunkHeader, Vec<u8>), CommError> {
+    fn recv(&mut self, expected: &[Expected]) -> Result<(usize, ChunkHeader, Vec<u8>), CommError> {
         for _ in 0..MAX_FRAMES {
             let got = next_frame(&mut self.r, &self.peer, ALL_REDUCE_PROTOCOL, &mut |_, _| {
                 Ok(())
             });
             let (h, from, payload) = got.map_err(|e| CommError::Other(read_error(e)))?;
-            match chunk_verdict(&h, from, LEFT, SEQ, expected, "all-reduce")? {
-                None => {
+            match chunk_verdict(&h, from, SEQ, expected, "all-reduce")? {
+                Ok(i) => {
                     self.accepted += 1;
-                    return Ok((chunk_of(&h, expected.phase), payload));
+                    return Ok((i, chunk_of(&h, expected[i].phase), payload));
                 }
-                Some(_) => self.dropped += 1,
+                Err(_) => self.dropped += 1,
             }
         }
         Err(CommError::Other("too many frames".into()))

@@ -52,7 +52,7 @@ impl Ring<'_> {
                 total: m as u64,
                 ..self.header(Kind::Gather, step as u32, len, sum)
             };
-            self.send_frame(header, payload)?;
+            self.send_frame((self.rank + 1) % m, header, payload)?;
             let recv_origin = (self.rank + 2 * m - step - 1) % m;
             let msg = self.recv_block(step as u32, recv_origin)?;
             blocks[recv_origin] = Some(bytes_to_u64(&msg.payload));
@@ -67,7 +67,7 @@ impl Ring<'_> {
         let left = self.left();
         let started = Instant::now();
         loop {
-            let msg = self.next_from_left(started)?;
+            let msg = self.next_msg(left, started)?;
             let verdict = block_verdict(&msg.header, msg.from, left, self.seq, step, origin);
             match verdict {
                 BlockVerdict::Take => return Ok(msg),

@@ -78,7 +78,8 @@ use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank,
 
 /// Frames a push-sum link may queue before the training thread waits.
 const PUSH_QUEUE: usize = 16;
-/// Frames the all-reduce link may queue (chunks in flight to the right).
+/// Frames an all-reduce link may queue (chunks in flight to one rank: a
+/// direct schedule sends at most two per collective).
 const RING_QUEUE: usize = 4;
 
 /// A node of a run over libp2p. See the [module docs](self).
@@ -95,9 +96,12 @@ pub struct P2pComm {
     listen: Arc<Mutex<Vec<Multiaddr>>>,
     /// Push-sum links by rank (`None` for ourselves).
     push_links: Vec<Option<Link>>,
-    /// All-reduce link to the right ring neighbour.
-    ring_link: Option<Link>,
+    /// All-reduce links by rank (`None` for ourselves); the ring uses the
+    /// right neighbour's, a direct schedule every one.
+    reduce_links: Vec<Option<Link>>,
     reduce_rx: mpsc::Receiver<ReduceMsg>,
+    /// Frames of the next collective that came while this one ran.
+    early: Vec<ReduceMsg>,
     push: Ledger,
     /// All-reduce sequence number (also counts barriers).
     seq: u64,
@@ -291,7 +295,7 @@ impl P2pComm {
             .push_links
             .drain(..)
             .flatten()
-            .chain(self.ring_link.take())
+            .chain(self.reduce_links.drain(..).flatten())
         {
             drop(link.queue);
             tasks.push(link.task);
@@ -400,16 +404,17 @@ impl P2pComm {
             .rt
             .as_ref()
             .ok_or_else(|| CommError::Closed("node stopped".into()))?;
-        let Some(link) = &self.ring_link else {
+        if self.view.members.len() <= 1 || self.reduce_links.is_empty() {
             return Ok(None);
-        };
+        }
         let mut ring = Ring {
             rt,
             shared: &self.shared,
             view: &self.view,
             rank: self.rank,
-            right: &link.queue,
+            links: &self.reduce_links,
             inbox: &mut self.reduce_rx,
+            early: &mut self.early,
             seq: self.seq,
             operation,
         };
@@ -475,12 +480,12 @@ impl PendingJoin {
         };
         let local = self.shared.local;
         let rank = view.rank_of(&local).filter(|_| member);
-        let (push_links, ring_link) = match rank {
-            Some(rank) => {
+        let (push_links, reduce_links) = match rank {
+            Some(_) => {
                 let _guard = rt.enter();
-                spawn_links(&self.shared, &self.control, &view, rank)
+                spawn_links(&self.shared, &self.control, &view)
             }
-            None => (Vec::new(), None),
+            None => (Vec::new(), Vec::new()),
         };
         Ok(P2pComm {
             rt: Some(rt),
@@ -504,8 +509,9 @@ impl PendingJoin {
             rank: rank.unwrap_or(0),
             listen: self.listen.clone(),
             push_links,
-            ring_link,
+            reduce_links,
             reduce_rx: self.reduce_rx.take().expect("joined once"),
+            early: Vec::new(),
             push: Ledger::new(Mixing::Arrived),
             seq: 0,
             membership: self.membership.clone(),
@@ -514,17 +520,17 @@ impl PendingJoin {
     }
 }
 
-/// The links of rank `rank` in `view`: push-sum to every member, all-reduce
-/// to the right ring neighbour, over the data lane when the node has one.
+/// Our links in `view`: push-sum and all-reduce to every
+/// member, over the data lane when the node has one. (A link opens its
+/// stream with its first frame: the ring only ever uses the right
+/// neighbour's all-reduce link.)
 /// Call inside the node's runtime.
 pub(crate) fn spawn_links(
     shared: &Arc<Shared>,
     control: &libp2p_stream::Control,
     view: &View,
-    rank: Rank,
-) -> (Vec<Option<Link>>, Option<Link>) {
+) -> (Vec<Option<Link>>, Vec<Option<Link>>) {
     let local = shared.local;
-    let m = view.members.len();
     let lanes = shared.lanes.get().cloned();
     if let Some(lanes) = &lanes {
         lanes.connect_view(shared, control, view);
@@ -539,16 +545,16 @@ pub(crate) fn spawn_links(
             depth,
         ),
     };
-    let push_links = view
-        .members
-        .iter()
-        .map(|peer| (*peer != local).then(|| spawn(*peer, PUSH_SUM_PROTOCOL, PUSH_QUEUE)))
-        .collect();
-    let ring_link = (m > 1).then(|| {
-        let right = view.members[(rank + 1) % m];
-        spawn(right, ALL_REDUCE_PROTOCOL, RING_QUEUE)
-    });
-    (push_links, ring_link)
+    let to_others = |protocol: &'static str, depth: usize| {
+        view.members
+            .iter()
+            .map(|peer| (*peer != local).then(|| spawn(*peer, protocol, depth)))
+            .collect()
+    };
+    (
+        to_others(PUSH_SUM_PROTOCOL, PUSH_QUEUE),
+        to_others(ALL_REDUCE_PROTOCOL, RING_QUEUE),
+    )
 }
 
 impl Drop for PendingJoin {

@@ -1091,7 +1091,7 @@ impl super::P2pComm {
             .push_links
             .drain(..)
             .flatten()
-            .chain(self.ring_link.take())
+            .chain(self.reduce_links.drain(..).flatten())
         {
             link.task.abort();
         }
@@ -1099,6 +1099,9 @@ impl super::P2pComm {
             payload.recycle(&self.shared.pool);
         }
         while let Ok(msg) = self.reduce_rx.try_recv() {
+            self.shared.pool.give(msg.payload);
+        }
+        for msg in self.early.drain(..) {
             self.shared.pool.give(msg.payload);
         }
         self.push = crate::ledger::Ledger::new(crate::ledger::Mixing::Arrived);
@@ -1118,11 +1121,11 @@ impl super::P2pComm {
             // Lanes serve one view: the new one's are offered below.
             lanes.retire_before(view.number);
         }
-        if let (Some(rank), Some(rt)) = (rank, self.rt.as_ref()) {
+        if let (Some(_), Some(rt)) = (rank, self.rt.as_ref()) {
             let _guard = rt.enter();
-            let (push, ring) = super::spawn_links(&self.shared, &self.control, &view, rank);
+            let (push, reduce) = super::spawn_links(&self.shared, &self.control, &view);
             self.push_links = push;
-            self.ring_link = ring;
+            self.reduce_links = reduce;
         }
         self.rank = rank.unwrap_or(0);
         self.view = view;

@@ -1,6 +1,8 @@
-//! Ring all-reduce over libp2p: exact sums, identical bits on every rank.
+//! All-reduce over the network: exact sums, identical bits on every rank,
+//! whichever schedule.
 
-use slowmo_gossip::Communicator;
+use slowmo_gossip::p2p::DataLane;
+use slowmo_gossip::{Communicator, DIRECT_MAX_BYTES, Schedule};
 
 use crate::common::{floats, group, on_all, shutdown_all};
 
@@ -70,4 +72,68 @@ fn repeated_all_reduces_stay_in_step() {
         }
     }
     shutdown_all(comms);
+}
+
+/// Per rank, the bits of a sequence of collectives on 4 nodes: small
+/// all-reduces (direct unless `direct_max_bytes` is 0), large ones (always
+/// the ring: a segment takes several messages) and a gather between them.
+fn mixed_sequence(lane: DataLane, direct_max_bytes: usize) -> Vec<Vec<(Vec<u32>, u64)>> {
+    let comms = group(4, 5000, |c| {
+        let mut c = c.with_data_lane(lane).with_chunk_floats(300);
+        c.direct_max_bytes = direct_max_bytes;
+        c
+    });
+    let (comms, got) = on_all(comms, |c| {
+        let mut out = Vec::new();
+        for k in 0..6u64 {
+            let n = if k % 2 == 0 { 1003 } else { 5000 };
+            let mut buf = floats(c.rank() as u64 * 7 + k, n);
+            let mut scalar = 0.25 + c.rank() as f64 * 1e-3 + k as f64;
+            c.all_reduce_sum(&mut buf, &mut scalar).unwrap();
+            out.push((buf.iter().map(|v| v.to_bits()).collect(), scalar.to_bits()));
+            let all = c.all_gather_u64(&[c.rank() as u64, k]).unwrap();
+            assert_eq!(all.len(), 4);
+        }
+        out
+    });
+    shutdown_all(comms);
+    got
+}
+
+#[test]
+fn direct_and_ring_schedules_give_the_same_bits_back_to_back() {
+    let config = |direct| {
+        let mut c = slowmo_gossip::p2p::P2pConfig::new(
+            slowmo_gossip::p2p::RunIdentity {
+                run_id: "x".into(),
+                config_hash: "x".into(),
+                init_hash: "x".into(),
+            },
+            4,
+            5000,
+        )
+        .with_chunk_floats(300);
+        c.direct_max_bytes = direct;
+        c
+    };
+    // The sizes take the schedules this test means.
+    assert_eq!(config(DIRECT_MAX_BYTES).schedule(1003, 4), Schedule::Direct);
+    assert_eq!(config(DIRECT_MAX_BYTES).schedule(5000, 4), Schedule::Ring);
+    assert_eq!(config(0).schedule(1003, 4), Schedule::Ring);
+    let ring_only = mixed_sequence(DataLane::Encrypted, 0);
+    for (rank, r) in ring_only.iter().enumerate() {
+        assert_eq!(
+            *r, ring_only[0],
+            "rank {rank} differs from rank 0 (ring only)"
+        );
+    }
+    for lane in [DataLane::Encrypted, DataLane::Libp2p] {
+        let mixed = mixed_sequence(lane, DIRECT_MAX_BYTES);
+        for (rank, r) in mixed.iter().enumerate() {
+            assert_eq!(
+                *r, ring_only[0],
+                "{lane:?}: rank {rank} differs from the ring's bits"
+            );
+        }
+    }
 }
