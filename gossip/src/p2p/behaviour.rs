@@ -368,6 +368,7 @@ pub(crate) async fn run_swarm(
             match event {
                 SwarmEvent::NewListenAddr { address, .. } => {
                     tracing::info!(%address, "listening on {address}/p2p/{local}");
+                    raise_quic_buffers(&address);
                     lock(&listen_addrs).push(address);
                 }
                 SwarmEvent::ExpiredListenAddr { address, .. } => {
@@ -442,4 +443,41 @@ pub(crate) async fn run_swarm(
         }
     }
     tracing::debug!("swarm task finished");
+}
+
+/// Raises the kernel buffers of a QUIC listener's UDP socket (see
+/// [`super::udp`]).
+fn raise_quic_buffers(address: &Multiaddr) {
+    let mut port = None;
+    let mut quic = false;
+    for p in address.iter() {
+        match p {
+            Protocol::Udp(p) => port = Some(p),
+            Protocol::QuicV1 => quic = true,
+            _ => {}
+        }
+    }
+    let (Some(port), true) = (port, quic) else {
+        return;
+    };
+    let want = super::udp::buffer_bytes();
+    if want == 0 {
+        return;
+    }
+    for got in super::udp::raise(port, want) {
+        if got.receive < want {
+            tracing::info!(
+                "QUIC socket on UDP port {port}: receive buffer {} bytes, send {} (asked {want}; \
+                 the kernel caps unprivileged sockets at net.core.rmem_max / wmem_max)",
+                got.receive,
+                got.send
+            );
+        } else {
+            tracing::debug!(
+                "QUIC socket on UDP port {port}: receive buffer {} bytes, send {}",
+                got.receive,
+                got.send
+            );
+        }
+    }
 }

@@ -47,6 +47,7 @@ mod membership;
 mod observe;
 mod payload;
 mod state;
+mod udp;
 mod views;
 pub mod wire;
 
