@@ -91,6 +91,9 @@ pub enum BenchCommand {
         /// than one message).
         #[arg(long, value_delimiter = ',', default_value = "auto")]
         schedule: Vec<String>,
+        /// Floats per all-reduce message [default: the run's, 1048576].
+        #[arg(long)]
+        chunk_floats: Option<usize>,
         /// Timed all-reduces (after one warm-up).
         #[arg(long, default_value_t = 5)]
         repeats: usize,
@@ -140,6 +143,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             nodes,
             floats,
             schedule,
+            chunk_floats,
             repeats,
             transport,
             data_lane,
@@ -149,6 +153,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             nodes,
             &floats,
             &schedule,
+            chunk_floats,
             repeats.max(1),
             &transport,
             data_lane,
@@ -472,6 +477,7 @@ fn allreduce(
     nodes: usize,
     sizes: &[usize],
     schedules: &[String],
+    chunk: Option<usize>,
     repeats: usize,
     transport: &str,
     lane: DataLane,
@@ -484,6 +490,9 @@ fn allreduce(
             let direct_max = direct_max_for(asked)?;
             let cfg = |floats| -> Result<P2pConfig> {
                 let mut cfg = p2p_config(transport, nodes, floats, lane, k)?;
+                if let Some(chunk) = chunk {
+                    cfg = cfg.with_chunk_floats(chunk);
+                }
                 cfg.direct_max_bytes = direct_max;
                 Ok(cfg)
             };
@@ -525,6 +534,7 @@ fn allreduce(
             "transport": transport,
             "data_lane": lane.name(),
             "lane_connections": k,
+            "chunk_floats": chunk.unwrap_or(slowmo_gossip::CHUNK_FLOATS),
             "repeats": repeats,
             "figures": figures,
         });
@@ -533,7 +543,8 @@ fn allreduce(
     }
     println!(
         "all-reduce over {nodes} nodes ({transport} control, {lane} data lane, {k} connections; \
-         threads of one process; median of {repeats})"
+         messages of at most {} floats; threads of one process; median of {repeats})",
+        chunk.unwrap_or(slowmo_gossip::CHUNK_FLOATS)
     );
     println!(
         "{:>10} {:>8} {:>7} {:>9} {:>10} {:>11} {:>11}",
@@ -601,10 +612,19 @@ fn allreduce_once(
         })
         .collect();
     let mut per_rank = Vec::new();
+    let mut comms = Vec::new();
     for h in workers {
         let (c, times) = h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??;
         per_rank.push(times);
-        c.shutdown();
+        comms.push(c);
+    }
+    // All at once: a graceful shutdown waits for the peers' links to close.
+    let stops: Vec<_> = comms
+        .into_iter()
+        .map(|c| std::thread::spawn(move || c.shutdown()))
+        .collect();
+    for s in stops {
+        let _ = s.join();
     }
     // A repeat takes as long as its slowest rank.
     Ok((0..repeats)

@@ -2,7 +2,8 @@
 //! without communication, measured side by side in one run.
 //!
 //! Rows: no communication, SGP, OSGP (staleness 1), OSGP with background
-//! gossip, SlowMo over SGP. Every row is a full `slowmo-testnet local` run of the same nodes, data
+//! gossip, SlowMo over SGP, AllReduce-SGD (an exact average of the gradients
+//! every step). Every row is a full `slowmo-testnet local` run of the same nodes, data
 //! and model. The baseline is Local SGD with the outer period longer than
 //! the run: the nodes join the same way but exchange nothing while they
 //! train. Step times come from each node's metrics (`time` of every step),
@@ -116,7 +117,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         background_gossip: Some(true),
         ..run(Some(Preset::Osgp), Base::Osgp, None)
     };
-    let runs: [(&'static str, TrainOptions); 5] = [
+    let runs: [(&'static str, TrainOptions); 6] = [
         (
             "no communication",
             run(Some(Preset::LocalSgd), Base::LocalSgd, Some(total + 1)),
@@ -125,6 +126,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ("osgp", run(Some(Preset::Osgp), Base::Osgp, None)),
         ("osgp background", background),
         ("slowmo-sgp", run(None, Base::Sgp, None)),
+        ("ar-sgd", run(Some(Preset::ArSgd), Base::ArSgd, None)),
     ];
     let out = args.out.clone().unwrap_or_else(|| {
         let stamp = std::time::SystemTime::now()

@@ -204,12 +204,13 @@ fn the_compose_file_publishes_each_endpoint_and_a_scrape_config_lists_them() {
 }
 
 /// The runs of `slowmo-testnet bench`, in order.
-const BENCH_RUNS: [&str; 5] = [
+const BENCH_RUNS: [&str; 6] = [
     "no communication",
     "sgp",
     "osgp",
     "osgp background",
     "slowmo-sgp",
+    "ar-sgd",
 ];
 
 /// Runs a short 2-node `slowmo-testnet bench` with `extra` flags; its
@@ -240,7 +241,7 @@ fn the_testnet_benchmark_prints_only_its_table_on_stdout() {
     let stdout = bench_stdout(&[]);
     let lines: Vec<&str> = stdout.lines().collect();
     // a title, the column names, one row per configuration
-    assert_eq!(lines.len(), 7, "{stdout}");
+    assert_eq!(lines.len(), 2 + BENCH_RUNS.len(), "{stdout}");
     assert!(lines[1].starts_with("run "), "{stdout}");
     for (line, label) in lines[2..].iter().zip(BENCH_RUNS) {
         assert!(line.starts_with(label), "{line}");
