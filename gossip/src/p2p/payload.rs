@@ -111,11 +111,13 @@ pub fn has_non_finite(bytes: &[u8]) -> bool {
 
 /// `floats` as LE bytes in `buf` (reused), for the data lane: its records
 /// are authenticated, so no checksum (the header's stays 0).
-pub fn encode_f32_unchecked(floats: &[f32], buf: Vec<u8>) -> Vec<u8> {
-    let mut buf = sized(buf, 4 * floats.len());
-    for (d, v) in buf.chunks_exact_mut(4).zip(floats) {
-        d.copy_from_slice(&v.to_le_bytes());
-    }
+pub fn encode_f32_unchecked(floats: &[f32], mut buf: Vec<u8>) -> Vec<u8> {
+    buf.clear();
+    // Appended, not written over zeros: a fresh buffer is filled once.
+    #[cfg(target_endian = "little")]
+    buf.extend_from_slice(bytemuck::cast_slice(floats));
+    #[cfg(not(target_endian = "little"))]
+    buf.extend(floats.iter().flat_map(|v| v.to_le_bytes()));
     buf
 }
 
@@ -189,8 +191,15 @@ pub fn add_bytes(dst: &mut [f32], payload: &[u8]) {
     }
 }
 
-/// `dst[i] = payload[i]` for an `f32` LE payload.
+/// `dst[i] = payload[i]` for an `f32` LE payload (as many as both hold).
 pub fn copy_bytes(dst: &mut [f32], payload: &[u8]) {
+    #[cfg(target_endian = "little")]
+    {
+        let n = dst.len().min(payload.len() / 4);
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut dst[..n]);
+        bytes.copy_from_slice(&payload[..4 * n]);
+    }
+    #[cfg(not(target_endian = "little"))]
     for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
         *d = f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
     }
@@ -249,24 +258,47 @@ impl BufferPool {
         }
     }
 
-    /// A buffer that can hold `want` bytes without reallocating if the pool
-    /// has one, else any pooled buffer, else a new empty one.
+    /// The smallest pooled buffer that holds `want` bytes without
+    /// reallocating, else a new one of that capacity: a smaller pooled
+    /// buffer is not grown (that would copy its old bytes and fault in
+    /// fresh pages for nothing).
     pub fn take(&self, want: usize) -> Vec<u8> {
         let mut free = lock(&self.free);
-        match free.iter().position(|b| b.capacity() >= want) {
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= want)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match best {
             Some(i) => free.swap_remove(i),
-            None => free.pop().unwrap_or_default(),
+            None => Vec::with_capacity(want),
         }
     }
 
-    /// Returns a buffer for reuse (dropped if the pool is full).
+    /// Returns a buffer for reuse. A pool holding its count of buffers
+    /// keeps the larger ones (the smallest held makes room for a larger
+    /// one); a buffer over the byte budget is dropped.
     pub fn give(&self, buf: Vec<u8>) {
         if buf.capacity() == 0 {
             return;
         }
         let mut free = lock(&self.free);
+        if free.len() >= self.max_buffers {
+            let smallest = free
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, b)| (i, b.capacity()));
+            match smallest {
+                Some((i, cap)) if cap < buf.capacity() => {
+                    free.swap_remove(i);
+                }
+                _ => return,
+            }
+        }
         let held: usize = free.iter().map(|b| b.capacity()).sum();
-        if free.len() < self.max_buffers && held + buf.capacity() <= self.max_bytes {
+        if held + buf.capacity() <= self.max_bytes {
             free.push(buf);
         }
     }
@@ -351,5 +383,27 @@ mod tests {
         pool.give(vec![0u8; 950]); // over the bytes
         assert_eq!(pool.take(10).len(), 100);
         assert!(pool.take(10).is_empty());
+    }
+
+    #[test]
+    fn the_pool_hands_out_the_best_fit_and_never_grows_a_small_buffer() {
+        let pool = BufferPool::new(3, 10_000);
+        pool.give(Vec::with_capacity(100));
+        pool.give(Vec::with_capacity(4000));
+        pool.give(Vec::with_capacity(1000));
+        assert_eq!(pool.take(900).capacity(), 1000);
+        // Nothing held fits: a new buffer, and the small ones stay.
+        assert!(pool.take(5000).capacity() >= 5000);
+        assert_eq!(pool.take(50).capacity(), 100);
+        assert_eq!(pool.take(50).capacity(), 4000);
+        // A full pool makes room for a larger buffer, not a smaller one.
+        for cap in [10, 20, 30] {
+            pool.give(Vec::with_capacity(cap));
+        }
+        pool.give(Vec::with_capacity(5));
+        pool.give(Vec::with_capacity(300));
+        let mut held: Vec<usize> = (0..3).map(|_| pool.take(0).capacity()).collect();
+        held.sort();
+        assert_eq!(held, [20, 30, 300]);
     }
 }
