@@ -252,13 +252,13 @@ fn worker_name(rank: Rank) -> String {
 fn waiting<R>(
     timeout: Duration,
     interrupt: &Interrupt,
-    board: Option<(&Board, usize)>,
+    board: Option<(&Board, usize, bool)>,
     f: impl FnOnce(&Waiting<'_>) -> R,
 ) -> R {
     let deadline = move |_: Rank, started: Instant| started + timeout;
     let check = || {
         interrupt.check()?;
-        board.map_or(Ok(()), |(b, id)| b.check_pending(id))
+        board.map_or(Ok(()), |(b, id, restarted)| b.check_pending(id, restarted))
     };
     f(&Waiting {
         timeout,
@@ -313,7 +313,7 @@ impl MemoryComm {
         waiting(
             shared.timeout,
             &self.interrupt,
-            self.board.as_deref().map(|b| (b, self.id)),
+            self.board.as_deref().map(|b| (b, self.id, self.rejoined)),
             |waiting| ledger.collect(inbox, waiting, wait_up_to, x, w, operation, &mut drop),
         )?;
         let added = self.ledger.mass().shares_added - before;
@@ -406,7 +406,7 @@ impl MemoryComm {
                 // others may never come.
                 self.interrupt.check()?;
                 if let Some(board) = &self.board {
-                    board.check_pending(self.id)?;
+                    board.check_pending(self.id, self.rejoined)?;
                 }
                 state = shared
                     .reduce_done
@@ -486,7 +486,7 @@ impl Communicator for MemoryComm {
                 waiting(
                     self.shared.timeout,
                     &self.interrupt,
-                    self.board.as_deref().map(|b| (b, self.id)),
+                    self.board.as_deref().map(|b| (b, self.id, self.rejoined)),
                     |waiting| ledger.wait_arrived(inbox, up_to, waiting, "background push-sum"),
                 )?;
                 Ok(true)

@@ -366,8 +366,25 @@ impl Board {
     /// barrier the members return to stays the same on every replay.
     /// A worker that is no longer a member (the view went on without it)
     /// gives up too.
-    pub fn check_pending(&self, id: usize) -> Result<(), CommError> {
-        view_holds(&lock(&self.state), id)
+    ///
+    /// A killed worker's first incarnation (`restarted` false) gives up
+    /// once the view went on without it, even if its restarted incarnation
+    /// is a member again by the time it looks.
+    pub fn check_pending(&self, id: usize, restarted: bool) -> Result<(), CommError> {
+        let st = lock(&self.state);
+        if !restarted {
+            for (i, f) in self.script.faults.iter().enumerate() {
+                if let Fault::Kill { worker, step } = f
+                    && *worker == id
+                    && st.done.contains(&i)
+                {
+                    return Err(CommError::Closed(format!(
+                        "worker {id} killed by the fault script at step {step}"
+                    )));
+                }
+            }
+        }
+        view_holds(&st, id)
     }
 
     /// After the barrier that ends base step `steps - 1`: whether joiners

@@ -3,7 +3,8 @@
 //! vectors, recycled by their receiver for its own next sends.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use super::worker_name;
 use crate::ring::{ChunkHeader, DIRECT_MAX_BYTES, Expected, Links, Schedule};
@@ -22,6 +23,12 @@ struct Chunk {
 pub(super) struct RingEnds {
     to: Vec<Sender<Chunk>>,
     inbox: Receiver<Chunk>,
+    /// Held while this rank's ends live; the others watch it, so that a
+    /// worker that is gone is noticed at once, not after the timeout (every
+    /// rank holds a sender to every inbox, so the inbox itself never
+    /// disconnects).
+    _alive: Arc<()>,
+    alive: Vec<Weak<()>>,
     /// All-reduces run so far.
     seq: u64,
     /// Received vectors, reused for sending.
@@ -31,11 +38,16 @@ pub(super) struct RingEnds {
 /// The ring ends of ranks `0..size`, in rank order.
 pub(super) fn ring_ends(size: usize) -> Vec<RingEnds> {
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..size).map(|_| channel()).unzip();
+    let tokens: Vec<Arc<()>> = (0..size).map(|_| Arc::new(())).collect();
+    let alive: Vec<Weak<()>> = tokens.iter().map(Arc::downgrade).collect();
     receivers
         .into_iter()
-        .map(|inbox| RingEnds {
+        .zip(tokens)
+        .map(|(inbox, token)| RingEnds {
             to: senders.clone(),
             inbox,
+            _alive: token,
+            alive: alive.clone(),
             seq: 0,
             spare: Vec::new(),
         })
@@ -80,19 +92,31 @@ impl Links for Collective<'_> {
 
     fn recv(&mut self, expected: &[Expected]) -> Result<(usize, ChunkHeader, Vec<f32>), CommError> {
         let first = expected.first().map_or(self.rank, |e| e.from);
-        let chunk = match self.ends.inbox.recv_timeout(self.timeout) {
-            Ok(chunk) => chunk,
-            Err(RecvTimeoutError::Timeout) => {
-                return Err(CommError::PeerTimeout {
-                    peer: worker_name(first),
-                    rank: first,
-                    round: self.ends.seq,
-                    operation: self.operation,
-                    timeout: self.timeout,
-                });
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(CommError::Closed(format!("worker {first} is gone")));
+        let started = Instant::now();
+        let chunk = loop {
+            let left = self.timeout.saturating_sub(started.elapsed());
+            match self.ends.inbox.recv_timeout(left.min(crate::POLL)) {
+                Ok(chunk) => break chunk,
+                Err(RecvTimeoutError::Timeout) => {
+                    let gone = expected
+                        .iter()
+                        .find(|e| self.ends.alive[e.from].strong_count() == 0);
+                    if let Some(e) = gone {
+                        return Err(CommError::Closed(format!("worker {} is gone", e.from)));
+                    }
+                    if started.elapsed() >= self.timeout {
+                        return Err(CommError::PeerTimeout {
+                            peer: worker_name(first),
+                            rank: first,
+                            round: self.ends.seq,
+                            operation: self.operation,
+                            timeout: self.timeout,
+                        });
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(CommError::Closed(format!("worker {first} is gone")));
+                }
             }
         };
         if chunk.seq != self.ends.seq {
