@@ -90,6 +90,11 @@ fn all_reduce_chunks_never_panic() {
 }
 
 #[test]
+fn direct_all_reduce_chunks_from_every_member_never_panic() {
+    exercise_all_seeds("direct");
+}
+
+#[test]
 fn gather_blocks_never_panic() {
     exercise_all_seeds("gather");
 }

@@ -37,12 +37,12 @@ use super::wire::{
 };
 use crate::collectives::{ReduceOp, reduce_u64, sum_f64_in_rank_order};
 use crate::ledger::Inbox;
-use crate::ring::{ChunkHeader, Expected, Links, chunks, ring_all_reduce};
+use crate::ring::{ChunkHeader, Expected, Links, chunks, direct_all_reduce, ring_all_reduce};
 use crate::{CommError, Rank, segment};
 
 /// The targets, by name.
 pub const TARGETS: &[&str] = &[
-    "header", "share", "chunk", "gather", "hello", "reply", "knock", "door", "lane",
+    "header", "share", "chunk", "direct", "gather", "hello", "reply", "knock", "door", "lane",
 ];
 
 /// Members of the fuzzed run; we are rank [`OUR_RANK`], our left neighbour
@@ -129,6 +129,7 @@ pub fn run(name: &str, data: &[u8]) -> Outcome {
         "header" => header(data),
         "share" => share(data),
         "chunk" => chunk(data),
+        "direct" => direct(data),
         "gather" => gather(data),
         "hello" => hello(data),
         "reply" => reply(data),
@@ -236,11 +237,13 @@ pub fn share(data: &[u8]) -> Outcome {
     }
 }
 
-/// Our side of a ring all-reduce whose left neighbour's chunks come from the
-/// input; what we send goes nowhere.
+/// Our side of an all-reduce whose chunks come from the input; what we send
+/// goes nowhere. The frames come from `peer`, or with `per_frame`, each
+/// from the peer its selector byte names (a member by rank, the outsider).
 struct FuzzLinks<'a> {
     r: Cursor<&'a [u8]>,
     peer: PeerId,
+    per_frame: bool,
     accepted: usize,
     dropped: usize,
 }
@@ -254,6 +257,13 @@ impl Links for FuzzLinks<'_> {
 
     fn recv(&mut self, expected: &[Expected]) -> Result<(usize, ChunkHeader, Vec<u8>), CommError> {
         for _ in 0..MAX_FRAMES {
+            if self.per_frame {
+                let mut b = [0u8; 1];
+                block_on(futures::AsyncReadExt::read_exact(&mut self.r, &mut b))
+                    .map_err(|_| CommError::Other(read_error(ReadError::Eof)))?;
+                let peers = &ctx().peers;
+                self.peer = peers[b[0] as usize % peers.len()];
+            }
             let got = next_frame(&mut self.r, &self.peer, ALL_REDUCE_PROTOCOL, &mut |_, _| {
                 Ok(())
             });
@@ -286,6 +296,7 @@ pub fn chunk(data: &[u8]) -> Outcome {
     let mut links = FuzzLinks {
         r: Cursor::new(stream),
         peer,
+        per_frame: false,
         accepted: 0,
         dropped: 0,
     };
@@ -293,6 +304,28 @@ pub fn chunk(data: &[u8]) -> Outcome {
     let mut scalar = 1.0;
     let chunk = ctx().cfg.chunk_floats.min((CAP / 4) as usize).max(1);
     let result = ring_all_reduce(&mut links, OUR_RANK, MEMBERS, chunk, &mut buf, &mut scalar);
+    Outcome {
+        accepted: links.accepted,
+        dropped: links.dropped,
+        error: result.err().map(|e| e.to_string()),
+    }
+}
+
+/// A direct all-reduce: every other member's contribution to our segment and
+/// its sum of its own segment, interleaved, in parts, each frame behind a
+/// byte naming its sender; through the header checks, the chunk check, the
+/// adds in ring order and the copies into place.
+pub fn direct(data: &[u8]) -> Outcome {
+    let mut links = FuzzLinks {
+        r: Cursor::new(data),
+        peer: ctx().peers[LEFT],
+        per_frame: true,
+        accepted: 0,
+        dropped: 0,
+    };
+    let mut buf = vec![1.0f32; TOTAL];
+    let mut scalar = 1.0;
+    let result = direct_all_reduce(&mut links, OUR_RANK, MEMBERS, &mut buf, &mut scalar);
     Outcome {
         accepted: links.accepted,
         dropped: links.dropped,
@@ -729,6 +762,7 @@ pub fn generate(name: &str, rng: &mut Rng) -> Case {
         "header" => gen_header(rng, hostile),
         "share" => gen_shares(rng, hostile),
         "chunk" => gen_chunks(rng, hostile),
+        "direct" => gen_direct(rng, hostile),
         "gather" => gen_blocks(rng, hostile),
         "lane" => gen_lane(rng, hostile),
         "hello" => gen_hello(rng, hostile, false),
@@ -939,6 +973,58 @@ fn gen_chunks(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
     }
     let n = list.len();
     (frames(rng, l, hostile, list), n)
+}
+
+/// Every frame the other members send us in one direct all-reduce: their
+/// contributions to our segment (step 0) and their sums (step 1), each cut
+/// into chunks, one sender's in order, the senders interleaved at random;
+/// each frame behind its sender's selector byte.
+fn gen_direct(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
+    let ctx = ctx();
+    let m = MEMBERS;
+    let mut queues: Vec<(Rank, Vec<(Header, Vec<u8>)>)> = Vec::new();
+    for from in (0..m).filter(|r| *r != OUR_RANK) {
+        let mut list = Vec::new();
+        for (step, seg, kind) in [
+            (0, OUR_RANK, Kind::ReduceScatter),
+            (1, from, Kind::AllGather),
+        ] {
+            let range = segment(TOTAL, m, seg);
+            for r in chunks(range.clone(), CHUNK) {
+                let values: Vec<f32> = r.clone().map(|_| rng.unit()).collect();
+                let payload = f32_to_bytes(&values);
+                let mut h = base_header(kind, &ctx.names[from], r.len(), &payload);
+                h.round = SEQ;
+                h.step = step;
+                h.offset = r.start as u64;
+                h.total = TOTAL as u64;
+                if from == 0 && step == 1 && r.start == range.start {
+                    h.weight = rng.unit() as f64;
+                }
+                list.push((h, payload));
+            }
+        }
+        list.reverse();
+        queues.push((from, list));
+    }
+    let n: usize = queues.iter().map(|(_, l)| l.len()).sum();
+    let spoilt = hostile.then(|| rng.below(n));
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(q) = {
+        queues.retain(|(_, l)| !l.is_empty());
+        (!queues.is_empty()).then(|| rng.below(queues.len()))
+    } {
+        let (from, list) = &mut queues[q];
+        let (mut h, mut payload) = list.pop().expect("not empty");
+        if spoilt == Some(i) {
+            spoil(rng, &mut h, &mut payload);
+        }
+        out.push(*from as u8);
+        push_frame(&mut out, &h, &payload);
+        i += 1;
+    }
+    (out, n)
 }
 
 /// The blocks the left neighbour passes us in one gather, in order.
