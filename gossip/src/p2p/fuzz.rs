@@ -982,7 +982,9 @@ fn gen_chunks(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
 fn gen_direct(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
     let ctx = ctx();
     let m = MEMBERS;
-    let mut queues: Vec<(Rank, Vec<(Header, Vec<u8>)>)> = Vec::new();
+    // Per sender, its frames (last first).
+    type Queue = Vec<(Header, Vec<u8>)>;
+    let mut queues: Vec<(Rank, Queue)> = Vec::new();
     for from in (0..m).filter(|r| *r != OUR_RANK) {
         let mut list = Vec::new();
         for (step, seg, kind) in [
