@@ -322,8 +322,11 @@ pub(crate) fn ring_all_reduce<L: Links>(
 }
 
 /// Sums `buf` and `scalar` over the `m` ranks, every segment straight to its
-/// owner and back (see the [module docs](self)). Each segment must fit in
-/// one message (the caller's [`Schedule::choose`]).
+/// owner and back (see the [module docs](self)). Each segment goes as one
+/// message, so that a rank never has more than two messages per collective
+/// queued for one link ([`Schedule::choose`] keeps it to buffers where that
+/// fits); received contributions may come in parts (a lane cuts a message
+/// over its connections) and are added part by part, in turn.
 pub(crate) fn direct_all_reduce<L: Links>(
     links: &mut L,
     rank: Rank,
