@@ -119,11 +119,14 @@ fn osgp_with_background_gossip_over_the_testnet_converges_and_loses_no_mass() {
         );
         rounds.push(started);
         let records = metrics(&dir.join("metrics.jsonl"));
-        let first: f64 = records[..10].iter().map(|r| r.1).sum::<f64>() / 10.0;
-        let final_loss = summary["final_train_loss"].as_f64().unwrap();
+        let mean = |r: &[(u64, f64, f64)]| r.iter().map(|r| r.1).sum::<f64>() / r.len() as f64;
+        // The first and the last ten steps' mean loss: one step's batch
+        // loss is too noisy to judge a run by.
+        let first = mean(&records[..10]);
+        let last = mean(&records[records.len() - 10..]);
         assert!(
-            final_loss < 0.6 * first,
-            "node {node}: train loss {first:.3} -> {final_loss:.3}"
+            last < 0.6 * first,
+            "node {node}: train loss {first:.3} -> {last:.3} (mean of ten steps)"
         );
         // The drain at the end added every share, so every node evaluates
         // the same exact average of all the mass.
