@@ -943,9 +943,38 @@ fn gen_shares(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
     (frames(rng, peer, hostile, list), n)
 }
 
+/// The chunks of segment `seg` that rank `from` sends at `step` of
+/// collective [`SEQ`], with random values; with `scalar`, the first carries
+/// a random scalar.
+fn segment_frames(
+    rng: &mut Rng,
+    kind: Kind,
+    from: Rank,
+    step: u32,
+    seg: usize,
+    scalar: bool,
+) -> Vec<(Header, Vec<u8>)> {
+    let range = segment(TOTAL, MEMBERS, seg);
+    chunks(range.clone(), CHUNK)
+        .into_iter()
+        .map(|r| {
+            let values: Vec<f32> = r.clone().map(|_| rng.unit()).collect();
+            let payload = f32_to_bytes(&values);
+            let mut h = base_header(kind, &ctx().names[from], r.len(), &payload);
+            h.round = SEQ;
+            h.step = step;
+            h.offset = r.start as u64;
+            h.total = TOTAL as u64;
+            if scalar && r.start == range.start {
+                h.weight = rng.unit() as f64;
+            }
+            (h, payload)
+        })
+        .collect()
+}
+
 /// Every chunk the left neighbour sends us in one all-reduce, in order.
 fn gen_chunks(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
-    let ctx = ctx();
     let m = MEMBERS;
     let l = LEFT;
     let mut list = Vec::new();
@@ -956,20 +985,7 @@ fn gen_chunks(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
         } else {
             ((l + 1 + m - (step - (m - 1))) % m, Kind::AllGather)
         };
-        let range = segment(TOTAL, m, seg);
-        for r in chunks(range.clone(), CHUNK) {
-            let values: Vec<f32> = r.clone().map(|_| rng.unit()).collect();
-            let payload = f32_to_bytes(&values);
-            let mut h = base_header(kind, &ctx.names[l], r.len(), &payload);
-            h.round = SEQ;
-            h.step = step as u32;
-            h.offset = r.start as u64;
-            h.total = TOTAL as u64;
-            if seg == 0 && r.start == range.start {
-                h.weight = rng.unit() as f64;
-            }
-            list.push((h, payload));
-        }
+        list.extend(segment_frames(rng, kind, l, step as u32, seg, seg == 0));
     }
     let n = list.len();
     (frames(rng, l, hostile, list), n)
@@ -980,7 +996,6 @@ fn gen_chunks(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
 /// into chunks, one sender's in order, the senders interleaved at random;
 /// each frame behind its sender's selector byte.
 fn gen_direct(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
-    let ctx = ctx();
     let m = MEMBERS;
     // Per sender, its frames (last first).
     type Queue = Vec<(Header, Vec<u8>)>;
@@ -991,20 +1006,14 @@ fn gen_direct(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
             (0, OUR_RANK, Kind::ReduceScatter),
             (1, from, Kind::AllGather),
         ] {
-            let range = segment(TOTAL, m, seg);
-            for r in chunks(range.clone(), CHUNK) {
-                let values: Vec<f32> = r.clone().map(|_| rng.unit()).collect();
-                let payload = f32_to_bytes(&values);
-                let mut h = base_header(kind, &ctx.names[from], r.len(), &payload);
-                h.round = SEQ;
-                h.step = step;
-                h.offset = r.start as u64;
-                h.total = TOTAL as u64;
-                if from == 0 && step == 1 && r.start == range.start {
-                    h.weight = rng.unit() as f64;
-                }
-                list.push((h, payload));
-            }
+            list.extend(segment_frames(
+                rng,
+                kind,
+                from,
+                step,
+                seg,
+                from == 0 && step == 1,
+            ));
         }
         list.reverse();
         queues.push((from, list));
@@ -1013,10 +1022,12 @@ fn gen_direct(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
     let spoilt = hostile.then(|| rng.below(n));
     let mut out = Vec::new();
     let mut i = 0;
-    while let Some(q) = {
+    loop {
         queues.retain(|(_, l)| !l.is_empty());
-        (!queues.is_empty()).then(|| rng.below(queues.len()))
-    } {
+        if queues.is_empty() {
+            break;
+        }
+        let q = rng.below(queues.len());
         let (from, list) = &mut queues[q];
         let (mut h, mut payload) = list.pop().expect("not empty");
         if spoilt == Some(i) {
