@@ -484,6 +484,9 @@ fn allreduce(
     k: usize,
     json: bool,
 ) -> Result<()> {
+    if chunk == Some(0) {
+        bail!("--chunk-floats 0: a message holds at least one float");
+    }
     let mut figures = Vec::new();
     for &floats in sizes {
         for asked in schedules {
