@@ -302,7 +302,7 @@ pub fn chunk(data: &[u8]) -> Outcome {
     };
     let mut buf = vec![1.0f32; TOTAL];
     let mut scalar = 1.0;
-    let chunk = ctx().cfg.chunk_floats.min((CAP / 4) as usize).max(1);
+    let chunk = ctx().cfg.message_floats();
     let result = ring_all_reduce(&mut links, OUR_RANK, MEMBERS, chunk, &mut buf, &mut scalar);
     Outcome {
         accepted: links.accepted,
