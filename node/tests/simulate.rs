@@ -86,7 +86,8 @@ fn every_base_trains_for_sizes_that_are_not_powers_of_two() {
 
 #[test]
 fn osgp_with_staleness_still_converges() {
-    for s in [1, 2] {
+    let mut finals: Vec<Vec<f32>> = Vec::new();
+    for s in [0, 1, 2] {
         let text = format!(
             "workers = 4\nsteps = 200\npreset = \"osgp\"\nstaleness = {s}\neval_every = 0\nhidden = [64]\n"
         );
@@ -102,7 +103,40 @@ fn osgp_with_staleness_still_converges() {
             "staleness {s}: loss {} from {first}",
             out.final_train_loss
         );
+        // The bound takes effect: shares mixed s rounds late give another
+        // trajectory than synchronous gossip (a bound silently replaced by
+        // 0 or 1 would repeat an earlier run's bits).
+        assert!(
+            finals.iter().all(|f| *f != out.averaged_params),
+            "staleness {s} ran like a smaller bound"
+        );
+        finals.push(out.averaged_params);
     }
+}
+
+#[test]
+fn background_gossip_honours_the_staleness_bound() {
+    let run_with = |s: u64| {
+        let text = format!(
+            "{SMALL}workers = 4\nsteps = 60\nbase = \"osgp\"\ntau = 6\nbackground_gossip = true\n\
+             staleness = {s}\n"
+        );
+        let c = options(&text).resolve().unwrap();
+        assert_eq!(c.algorithm.staleness, s, "recorded as given");
+        run(&c)
+    };
+    let one = run_with(1);
+    let five = run_with(5);
+    assert!(five.final_train_loss.is_finite());
+    assert!(
+        one.averaged_params != five.averaged_params,
+        "--staleness 5 with background gossip ran like staleness 1"
+    );
+    // Staleness 0 is synchronous gossip: refused with the reason.
+    let text =
+        format!("{SMALL}workers = 4\nbase = \"osgp\"\nbackground_gossip = true\nstaleness = 0\n");
+    let e = options(&text).resolve().unwrap_err().to_string();
+    assert!(e.contains("staleness") && e.contains("at least 1"), "{e}");
 }
 
 #[test]

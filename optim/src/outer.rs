@@ -194,15 +194,17 @@ impl OuterLoop {
         self.z_fresh = false;
     }
 
-    /// The base's per-step push-sum round. With background gossip a round
-    /// starts only once the previous one fully arrived, so rounds advance at
+    /// The base's per-step push-sum round. With background gossip round
+    /// `r` starts only once round `r - s` fully arrived (`s` the staleness
+    /// bound, at least 1: at most `s` rounds in flight), so rounds advance at
     /// the network's pace and a step never waits.
     fn gossip<E: Exchange>(&mut self, ex: &mut E) -> Result<(), E::Error> {
+        let s = self.alg.staleness;
         if !self.alg.background_gossip {
-            ex.push_sum_round(self.steps, self.alg.staleness, &mut self.state)?;
+            ex.push_sum_round(self.steps, s, &mut self.state)?;
             self.rounds = self.steps + 1;
-        } else if self.rounds == 0 || ex.round_arrived(self.rounds - 1)? {
-            ex.push_sum_round(self.rounds, 1, &mut self.state)?;
+        } else if self.rounds < s || ex.round_arrived(self.rounds - s)? {
+            ex.push_sum_round(self.rounds, s, &mut self.state)?;
             self.rounds += 1;
         }
         self.z_fresh = false;
@@ -217,7 +219,7 @@ impl OuterLoop {
         }
         let target = ex.max_rounds(self.rounds)?;
         while self.rounds < target {
-            ex.push_sum_round(self.rounds, 1, &mut self.state)?;
+            ex.push_sum_round(self.rounds, self.alg.staleness, &mut self.state)?;
             self.rounds += 1;
         }
         Ok(())

@@ -102,6 +102,14 @@ impl TrainOptions {
                 format!("background gossip needs base osgp, not {}", algorithm.base),
             ));
         }
+        if algorithm.background_gossip && algorithm.staleness == 0 {
+            return Err(invalid(
+                "staleness",
+                "background gossip keeps up to `staleness` rounds in flight and needs at least \
+                 1 (staleness 0 is synchronous gossip: drop --background-gossip)"
+                    .to_string(),
+            ));
+        }
 
         let kind = self.optimizer.unwrap_or(OptimizerKind::Sgd);
         let mut optimizer = OptimizerConfig {
