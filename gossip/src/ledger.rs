@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 
 use crate::{CommError, PushSumMass, Rank};
 
+mod send;
+pub(crate) use send::{ShareSink, check_round, send_half};
+
 /// A share's values, in whatever form the transport holds them.
 pub(crate) trait SharePayload: Send {
     /// Number of `f32` values.

@@ -21,11 +21,11 @@ pub use faults::{Fault, FaultScript};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::ledger::{Inbox, Ledger, Mixing, Waiting};
+use crate::ledger::{Inbox, Ledger, Mixing, ShareSink, Waiting, check_round, send_half};
 use crate::simnet::SimNetwork;
 use crate::{
     Admission, CommError, CommStats, Communicator, Interrupt, PushSumMass, PushSumRound, Rank,
-    Schedule, ViewChange, VirtualTime, push_sum_share,
+    Schedule, ViewChange, VirtualTime,
 };
 use faults::Board;
 use simulated::Simulated;
@@ -323,30 +323,6 @@ impl MemoryComm {
     }
 
     /// Puts a share of round `round` into `peer`'s inbox.
-    fn send_share(&mut self, peer: Rank, round: u64, x: Vec<f32>, w: f64) -> Result<(), CommError> {
-        let bytes = message_bytes(x.len());
-        let (shared, rank) = (&self.shared, self.rank);
-        let deliver = move || {
-            shared.inboxes[peer]
-                .deliver(round, rank, w, x)
-                .map_err(|refusal| {
-                    CommError::Other(format!(
-                        "push-sum share of round {round} from rank {rank} to rank {peer} refused: {refusal}"
-                    ))
-                })
-        };
-        let arrives = match &mut self.sim {
-            Some(sim) => sim.send_share(peer, round, bytes, deliver)?,
-            None => deliver().map(|()| true)?,
-        };
-        self.stats.messages_sent += 1;
-        self.stats.bytes_sent += bytes;
-        if !arrives {
-            self.stats.messages_dropped += 1;
-        }
-        Ok(())
-    }
-
     fn enter_collective(&mut self) {
         if let Some(sim) = &mut self.sim {
             sim.enter_collective();
@@ -420,6 +396,46 @@ impl MemoryComm {
     }
 }
 
+/// The in-memory transport's half of the shared push-sum send path: a share
+/// is a vector delivered straight into the receiver's inbox (through the
+/// simulated network when there is one).
+impl ShareSink for MemoryComm {
+    type Share = Vec<f32>;
+
+    fn scale_and_encode(&mut self, _round: u64, x: &mut [f32], p: f32, _w: f64) -> Vec<f32> {
+        x.iter_mut()
+            .map(|v| {
+                *v *= p;
+                *v
+            })
+            .collect()
+    }
+
+    fn send_share(&mut self, peer: Rank, round: u64, x: Vec<f32>, w: f64) -> Result<(), CommError> {
+        let bytes = message_bytes(x.len());
+        let (shared, rank) = (&self.shared, self.rank);
+        let deliver = move || {
+            shared.inboxes[peer]
+                .deliver(round, rank, w, x)
+                .map_err(|refusal| {
+                    CommError::Other(format!(
+                        "push-sum share of round {round} from rank {rank} to rank {peer} refused: {refusal}"
+                    ))
+                })
+        };
+        let arrives = match &mut self.sim {
+            Some(sim) => sim.send_share(peer, round, bytes, deliver)?,
+            None => deliver().map(|()| true)?,
+        };
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += bytes;
+        if !arrives {
+            self.stats.messages_dropped += 1;
+        }
+        Ok(())
+    }
+}
+
 impl Communicator for MemoryComm {
     fn rank(&self) -> Rank {
         self.rank
@@ -436,39 +452,13 @@ impl Communicator for MemoryComm {
         w: &mut f64,
     ) -> Result<(), CommError> {
         self.check_len(x.len())?;
-        let size = self.shared.size;
-        if let Some(r) = round
-            .out_peers
-            .iter()
-            .chain(round.in_peers)
-            .find(|r| **r >= size || **r == self.rank)
-        {
-            return Err(CommError::Other(format!(
-                "push-sum round {}: peer rank {r} is ourselves or outside 0..{size}",
-                round.round
-            )));
-        }
+        check_round(round, self.rank, self.shared.size)?;
         let shared = self.shared.clone();
         self.ledger
             .begin(&shared.inboxes[self.rank], round.round, round.in_peers)?;
-        let p = push_sum_share(round.out_peers.len());
-        if let Some((&last, others)) = round.out_peers.split_last() {
-            let pf = p as f32;
-            // One pass scales x and writes the first share.
-            let share: Vec<f32> = x
-                .iter_mut()
-                .map(|v| {
-                    *v *= pf;
-                    *v
-                })
-                .collect();
-            *w *= p;
-            // Every peer but the last gets a copy; the last takes the share.
-            for &peer in others {
-                self.send_share(peer, round.round, share.clone(), *w)?;
-            }
-            self.send_share(last, round.round, share, *w)?;
-            self.ledger.sent(round.out_peers.len(), *w);
+        let sent = send_half(round, x, w, self)?;
+        if sent > 0 {
+            self.ledger.sent(sent, *w);
         }
         let wait = round.round.checked_sub(round.staleness);
         self.collect(wait, x, w, "push-sum")

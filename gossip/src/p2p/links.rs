@@ -21,6 +21,7 @@ use super::wire::{READY, write_frame};
 
 /// One frame to send: the encoded header and a payload shared by all the
 /// out-peers it goes to.
+#[derive(Clone)]
 pub(crate) struct Outgoing {
     pub header: Vec<u8>,
     pub payload: Arc<Vec<u8>>,

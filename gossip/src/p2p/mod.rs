@@ -67,7 +67,7 @@ pub use config::{MetricsRegistry, P2pConfig, RunIdentity};
 pub use lane::DataLane;
 pub use observe::{P2pObserver, PeerTraffic, reason_name};
 
-use crate::ledger::{Ledger, Mixing, Waiting};
+use crate::ledger::{Ledger, Mixing, ShareSink, Waiting, check_round, send_half};
 use allreduce::Ring;
 use behaviour::{SwarmCmd, parse_addrs};
 use links::{Link, Outgoing};
@@ -75,7 +75,7 @@ use membership::Membership;
 use state::{ReduceMsg, Shared, View, lock};
 use wire::{ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, WIRE_VERSION};
 
-use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank, push_sum_share};
+use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank};
 
 /// Frames a push-sum link may queue before the training thread waits.
 const PUSH_QUEUE: usize = 16;
@@ -382,17 +382,6 @@ impl P2pComm {
         }
         result
     }
-
-    fn check_ranks(&self, round: u64, what: &str, ranks: &[Rank]) -> Result<(), CommError> {
-        let m = self.view.members.len();
-        match ranks.iter().find(|r| **r >= m || **r == self.rank) {
-            Some(r) => Err(CommError::Other(format!(
-                "push-sum round {round}: {what} rank {r} is ourselves or outside 0..{m}"
-            ))),
-            None => Ok(()),
-        }
-    }
-
     /// Runs `f` on the ring of the next collective; `None` in a run of one.
     fn on_ring<T>(
         &mut self,
@@ -621,6 +610,66 @@ impl Drop for P2pComm {
     }
 }
 
+/// The network's half of the shared push-sum send path: the share is scaled
+/// and encoded in one pass into a pooled buffer (the payload every out-peer
+/// gets, behind one `Arc`), and queued on each peer's link.
+impl ShareSink for P2pComm {
+    type Share = Outgoing;
+
+    fn scale_and_encode(&mut self, round: u64, x: &mut [f32], p: f32, w: f64) -> Outgoing {
+        let lane = self.shared.lanes.get().is_some();
+        let buf = self.shared.pool.take(4 * x.len());
+        let (payload, sum) = payload::scale_and_encode(lane, x, p, buf);
+        let header = wire::encode_header(&Header {
+            version: WIRE_VERSION,
+            run_id: self.shared.cfg.run.run_id.clone(),
+            view: self.view.number,
+            sender: self.shared.local.to_string(),
+            round,
+            kind: Kind::PushSum,
+            dtype: DType::F32,
+            len: x.len() as u64,
+            weight: w,
+            checksum: sum,
+            step: 0,
+            offset: 0,
+            total: x.len() as u64,
+        });
+        Outgoing {
+            header,
+            payload: Arc::new(payload),
+        }
+    }
+
+    fn send_share(
+        &mut self,
+        peer: Rank,
+        round: u64,
+        msg: Outgoing,
+        _w: f64,
+    ) -> Result<(), CommError> {
+        let rt = self.runtime()?;
+        let link = self.push_links[peer]
+            .as_ref()
+            .expect("checked: not ourselves");
+        let timeout = self.shared.cfg.peer_timeout;
+        let send = link.queue.send(msg);
+        let now = std::time::Instant::now();
+        match block_on_active(rt, &self.shared, &link.peer, now, timeout, send) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(CommError::Closed(format!("link to rank {peer} is gone"))),
+            Err(Stopped::Alarm(e)) => Err(e),
+            Err(Stopped::Silent) => Err(CommError::PeerTimeout {
+                peer: link.peer.to_string(),
+                rank: peer,
+                round,
+                operation: "push-sum send",
+                timeout,
+            }),
+        }
+    }
+}
+
 impl Communicator for P2pComm {
     fn rank(&self) -> Rank {
         self.rank
@@ -628,6 +677,14 @@ impl Communicator for P2pComm {
 
     fn world_size(&self) -> usize {
         self.view.members.len()
+    }
+
+    /// A member lost, or a change another member began, is noticed as the
+    /// next base step begins, not only at the next exchange: a local-SGD
+    /// run does not compute on to its barrier in a view that is over, and
+    /// the step a change begins at is the simulator's.
+    fn base_step(&mut self, _step: u64) -> Result<(), CommError> {
+        self.shared.check()
     }
 
     fn push_sum(
@@ -643,63 +700,13 @@ impl Communicator for P2pComm {
                 got: x.len(),
             });
         }
-        self.check_ranks(round.round, "out-peer", round.out_peers)?;
-        self.check_ranks(round.round, "in-peer", round.in_peers)?;
+        check_round(round, self.rank, self.view.members.len())?;
         self.runtime()?;
         self.push
             .begin(&self.shared.push_inbox, round.round, round.in_peers)?;
-        if !round.out_peers.is_empty() {
-            let p = push_sum_share(round.out_peers.len());
-            *w *= p;
-            let lane = self.shared.lanes.get().is_some();
-            let buf = self.shared.pool.take(4 * x.len());
-            let (payload, sum) = payload::scale_and_encode(lane, x, p as f32, buf);
-            let payload = Arc::new(payload);
-            let header = wire::encode_header(&Header {
-                version: WIRE_VERSION,
-                run_id: self.shared.cfg.run.run_id.clone(),
-                view: self.view.number,
-                sender: self.shared.local.to_string(),
-                round: round.round,
-                kind: Kind::PushSum,
-                dtype: DType::F32,
-                len: x.len() as u64,
-                weight: *w,
-                checksum: sum,
-                step: 0,
-                offset: 0,
-                total: x.len() as u64,
-            });
-            let rt = self.runtime()?;
-            for &peer in round.out_peers {
-                let link = self.push_links[peer]
-                    .as_ref()
-                    .expect("checked: not ourselves");
-                let msg = Outgoing {
-                    header: header.clone(),
-                    payload: payload.clone(),
-                };
-                let timeout = self.shared.cfg.peer_timeout;
-                let send = link.queue.send(msg);
-                let now = std::time::Instant::now();
-                match block_on_active(rt, &self.shared, &link.peer, now, timeout, send) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => {
-                        return Err(CommError::Closed(format!("link to rank {peer} is gone")));
-                    }
-                    Err(Stopped::Alarm(e)) => return Err(e),
-                    Err(Stopped::Silent) => {
-                        return Err(CommError::PeerTimeout {
-                            peer: link.peer.to_string(),
-                            rank: peer,
-                            round: round.round,
-                            operation: "push-sum send",
-                            timeout,
-                        });
-                    }
-                }
-            }
-            self.push.sent(round.out_peers.len(), *w);
+        let sent = send_half(round, x, w, self)?;
+        if sent > 0 {
+            self.push.sent(sent, *w);
         }
         let wait = round.round.checked_sub(round.staleness);
         self.collect(wait, x, w, "push-sum")
