@@ -11,6 +11,7 @@ mod ledger;
 pub mod memory;
 mod ring;
 pub mod simnet;
+pub mod view_rule;
 
 pub use collectives::ReduceOp;
 pub use ring::{CHUNK_FLOATS, DIRECT_MAX_BYTES, Schedule};
@@ -168,6 +169,12 @@ pub struct NewView {
     /// Whether this worker hands the state to the joiners: the
     /// lowest-ranked member that was in the old view too.
     pub sends_state: bool,
+    /// The members in rank order, by name (`worker-W` in the simulator,
+    /// peer ids over the network).
+    pub members: Vec<String>,
+    /// The rank that sends the state to the joiners (`None`: nobody
+    /// joined), see [`view_rule::state_sender`].
+    pub state_sender: Option<Rank>,
 }
 
 /// What a joiner receives when it is admitted ([`Communicator::rejoin`]).

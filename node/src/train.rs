@@ -578,6 +578,8 @@ impl Worker<'_> {
             lost: view.lost,
             joined: view.joined,
             rejoined,
+            members: view.members,
+            state_sender: view.state_sender,
         });
     }
 

@@ -30,22 +30,24 @@ fn run(config: &RunConfig, script: &str) -> SimulationSummary {
 
 #[test]
 fn a_killed_worker_leaves_the_others_to_finish_from_the_last_barrier() {
-    let c = config("");
-    let s = run(&c, "kill 3@30");
-    assert_eq!(s.workers, 7);
-    assert_eq!(s.steps, 96);
-    assert_eq!(s.view_changes.len(), 1);
-    let v = &s.view_changes[0];
-    // A member notices at step 30, or at the barrier after step 24 when
-    // another one began the change first; all return to that barrier.
-    assert!((24..=30).contains(&v.at_step), "{}", v.at_step);
-    assert_eq!((v.resumed_from, v.world), (24, 7));
-    assert_eq!(v.lost, vec!["worker-3".to_string()]);
-    assert!(
-        s.test_accuracy.is_finite() && s.test_accuracy > 0.3,
-        "{}",
-        s.test_accuracy
-    );
+    for preset in ["", "preset = \"sgp\"\n", "preset = \"osgp\"\n"] {
+        let c = config(preset);
+        let s = run(&c, "kill 3@30");
+        assert_eq!(s.workers, 7, "{preset}");
+        assert_eq!(s.steps, 96, "{preset}");
+        assert_eq!(s.view_changes.len(), 1, "{preset}");
+        let v = &s.view_changes[0];
+        // Every member notices as it begins step 30 (however far the
+        // others are), and all return to the barrier after step 24.
+        assert_eq!(v.at_step, 30, "{preset}");
+        assert_eq!((v.resumed_from, v.world), (24, 7), "{preset}");
+        assert_eq!(v.lost, vec!["worker-3".to_string()], "{preset}");
+        assert!(
+            s.test_accuracy.is_finite() && s.test_accuracy > 0.3,
+            "{preset}: {}",
+            s.test_accuracy
+        );
+    }
 }
 
 #[test]
@@ -70,6 +72,30 @@ fn a_restarted_worker_is_admitted_at_the_next_barrier_and_every_run_replays() {
         let clean = simulate_over(&c, &CheckpointArgs::default(), None, None, &mut |_| {}).unwrap();
         assert_ne!(clean.averaged_params, a.averaged_params, "{preset}");
     }
+}
+
+#[test]
+fn survivors_keep_their_order_and_joiners_take_the_ranks_after_them() {
+    let c = config("");
+    let s = run(&c, "kill 2@20; restart 2@50; join 8@70");
+    let names =
+        |ws: &[usize]| -> Vec<String> { ws.iter().map(|w| format!("worker-{w}")).collect() };
+    let views: Vec<_> = s
+        .view_changes
+        .iter()
+        .map(|v| (v.view, v.members.clone(), v.resumed_from, v.state_sender))
+        .collect();
+    assert_eq!(
+        views,
+        vec![
+            (1, names(&[0, 1, 3, 4, 5, 6, 7]), 16, None),
+            (2, names(&[0, 1, 3, 4, 5, 6, 7, 2]), 56, Some(0)),
+            (3, names(&[0, 1, 3, 4, 5, 6, 7, 2, 8]), 72, Some(0)),
+        ]
+    );
+    assert_eq!(s.view_changes[2].joined, names(&[8]));
+    assert_eq!(s.workers, 9);
+    assert!(s.consensus_distance < 1e-6, "{}", s.consensus_distance);
 }
 
 #[test]
@@ -105,6 +131,12 @@ fn bad_scripts_are_refused_with_the_reason() {
         ("partition 0-3|4-7@20..10", "empty"),
         ("explode 1@2", "unknown fault"),
         ("kill 1", "no `@STEP`"),
+        ("join 9@10", "counts on from the 8"),
+        (
+            "join 8@10; kill 8@20",
+            "only workers that were there from the start",
+        ),
+        ("restart 8@10", "not below the 8 workers"),
     ];
     for (script, want) in cases {
         let e = FaultScript::parse(script, 8).unwrap_err();

@@ -118,6 +118,14 @@ pub struct ViewEvent {
     /// This worker was outside the view for a while (a partition's minority,
     /// a restart) and came back through a join.
     pub rejoined: bool,
+    /// The new view's members in rank order (`worker-W` in the simulator,
+    /// peer ids over the network).
+    #[serde(default)]
+    pub members: Vec<String>,
+    /// The rank that sent the training state to the joiners (absent when
+    /// nobody joined).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_sender: Option<usize>,
 }
 
 impl NodeSummary {

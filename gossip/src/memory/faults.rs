@@ -4,8 +4,10 @@
 //! ```text
 //! kill 3@200; restart 3@400; partition 0-3|4-7@300..500
 //! ```
-//! The script is exact, so a run replays bit for bit. The rules are the
-//! ones the libp2p transport follows (docs/algorithm.md, "Membership"):
+//! The script is exact, so a run replays bit for bit. The next view is
+//! decided by [`crate::view_rule::decide`], the rule the libp2p transport
+//! calls too (docs/algorithm.md, "Membership"): the survivors keep their
+//! order, joiners take the ranks after them in worker-id order.
 //! - `kill W@S`: worker W dies as it begins base step S; every other member
 //!   notices when it begins step S, and the live members agree on a view
 //!   without W, returning to the newest barrier they all completed.
@@ -23,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Handout, lock};
+use crate::view_rule::{Decision, decide, has_quorum};
 use crate::{Admission, CommError, NewView, ViewChange};
 
 /// One scripted fault.
@@ -33,6 +36,12 @@ pub enum Fault {
         step: u64,
     },
     Restart {
+        worker: usize,
+        step: u64,
+    },
+    /// A worker that was not there at the start (its id counts on from
+    /// the run's workers) asks to join; it is admitted like a restart.
+    Join {
         worker: usize,
         step: u64,
     },
@@ -48,6 +57,9 @@ pub enum Fault {
 pub struct FaultScript {
     pub faults: Vec<Fault>,
 }
+
+/// Most workers a script may add with `join`.
+pub const MAX_JOINS: usize = 64;
 
 fn parse_worker(text: &str, workers: usize) -> Result<usize, String> {
     let w: usize = text
@@ -97,18 +109,25 @@ impl FaultScript {
                 continue;
             }
             let (verb, rest) = stmt.split_once(char::is_whitespace).ok_or_else(|| {
-                format!("`{stmt}`: expected `kill W@S`, `restart W@S` or `partition A|B@S..E`")
+                format!(
+                    "`{stmt}`: expected `kill W@S`, `restart W@S`, `join W@S` or \
+                     `partition A|B@S..E`"
+                )
             })?;
             let (what, when) = rest
                 .rsplit_once('@')
                 .ok_or_else(|| format!("`{stmt}`: no `@STEP`"))?;
             let fault = match verb {
                 "kill" => Fault::Kill {
-                    worker: parse_worker(what, workers)?,
+                    worker: parse_worker(what, workers + MAX_JOINS)?,
                     step: parse_step(when)?,
                 },
                 "restart" => Fault::Restart {
-                    worker: parse_worker(what, workers)?,
+                    worker: parse_worker(what, workers + MAX_JOINS)?,
+                    step: parse_step(when)?,
+                },
+                "join" => Fault::Join {
+                    worker: parse_worker(what, workers + MAX_JOINS)?,
                     step: parse_step(when)?,
                 },
                 "partition" => {
@@ -136,9 +155,39 @@ impl FaultScript {
 
     fn check(&self, workers: usize) -> Result<(), String> {
         let mut killed: HashMap<usize, u64> = HashMap::new();
+        // Workers that exist so far: those of the start, then the joins.
+        let mut known = workers;
+        let mut joined_at: HashMap<usize, u64> = HashMap::new();
+        let exists = |w: usize, known: usize| {
+            if w < known {
+                Ok(())
+            } else {
+                Err(format!(
+                    "worker {w} is not below the {workers} workers (nor added by an earlier \
+                     `join`)"
+                ))
+            }
+        };
         for f in &self.faults {
             match f {
+                Fault::Join { worker, step } => {
+                    if *worker != known {
+                        return Err(format!(
+                            "join {worker}@{step}: a joining worker counts on from the \
+                             {known} before it (`join {known}@...`)"
+                        ));
+                    }
+                    known += 1;
+                    joined_at.insert(*worker, *step);
+                }
                 Fault::Kill { worker, step } => {
+                    exists(*worker, known)?;
+                    if let Some(j) = joined_at.get(worker) {
+                        return Err(format!(
+                            "kill {worker}@{step}: worker {worker} joins at step {j}; the \
+                             simulator kills only workers that were there from the start"
+                        ));
+                    }
                     if *step == 0 {
                         return Err(format!(
                             "kill {worker}@0: a worker dies at step 1 at the earliest"
@@ -149,6 +198,7 @@ impl FaultScript {
                     }
                 }
                 Fault::Restart { worker, step } => match killed.remove(worker) {
+                    _ if *worker >= known => exists(*worker, known)?,
                     Some(k) if k < *step => {}
                     _ => {
                         return Err(format!(
@@ -193,7 +243,7 @@ impl FaultScript {
         self.faults
             .iter()
             .filter_map(|f| match f {
-                Fault::Restart { worker, .. } => Some(*worker),
+                Fault::Restart { worker, .. } | Fault::Join { worker, .. } => Some(*worker),
                 _ => None,
             })
             .collect()
@@ -214,6 +264,7 @@ impl fmt::Display for FaultScript {
             .map(|x| match x {
                 Fault::Kill { worker, step } => format!("kill {worker}@{step}"),
                 Fault::Restart { worker, step } => format!("restart {worker}@{step}"),
+                Fault::Join { worker, step } => format!("join {worker}@{step}"),
                 Fault::Partition { sides, from, until } => {
                     format!(
                         "partition {}|{}@{from}..{until}",
@@ -229,6 +280,10 @@ impl fmt::Display for FaultScript {
 
 /// A change being agreed on.
 struct Pending {
+    /// The base step the change is for: every member that stays notices
+    /// it as it begins this step (the fault's step, or the barrier that
+    /// admits joiners).
+    at: u64,
     /// Old members that report and stay.
     expected: BTreeSet<usize>,
     lost: BTreeSet<usize>,
@@ -238,7 +293,8 @@ struct Pending {
 
 struct BoardState {
     view: u64,
-    /// Members by original worker id, sorted: rank = index.
+    /// Members by original worker id, in rank order (rank = index; see
+    /// [`crate::view_rule::decide`] for the order).
     members: Vec<usize>,
     /// Faults already acted on (indices into the script).
     done: BTreeSet<usize>,
@@ -253,22 +309,15 @@ struct BoardState {
     state: Option<(u64, Arc<Vec<u8>>)>,
 }
 
-/// `Err` when worker `id` must leave its current view: the view went on
-/// without it, or a member began a change that loses members. A change that
-/// only admits joiners waits for every member at its barrier (see
-/// [`Board::check_pending`]).
-fn view_holds(st: &BoardState, id: usize) -> Result<(), CommError> {
-    if !st.members.contains(&id) {
-        return Err(CommError::ViewChanging(
+/// `Err` when the view went on without worker `id`.
+fn still_member(st: &BoardState, id: usize) -> Result<(), CommError> {
+    if st.members.contains(&id) {
+        Ok(())
+    } else {
+        Err(CommError::ViewChanging(
             "the view went on without this worker".into(),
-        ));
+        ))
     }
-    if st.pending.as_ref().is_some_and(|p| !p.lost.is_empty()) {
-        return Err(CommError::ViewChanging(
-            "another member began a view change".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// What the workers of a faulted run share.
@@ -311,7 +360,18 @@ impl Board {
         let st = lock(&self.state);
         // A killed worker dies whether or not the others noticed already.
         self.check_killed(id, step, restarted)?;
-        view_holds(&st, id)?;
+        still_member(&st, id)?;
+        // A change a faster member began is noticed at the step it is for,
+        // not earlier: the step every member leaves at is the same on
+        // every replay.
+        if let Some(p) = st.pending.as_ref().filter(|p| !p.lost.is_empty())
+            && step >= p.at
+        {
+            return Err(CommError::ViewChanging(format!(
+                "another member began a view change at step {}",
+                p.at
+            )));
+        }
         for (i, f) in self.script.faults.iter().enumerate() {
             if st.done.contains(&i) {
                 continue;
@@ -359,13 +419,12 @@ impl Board {
         Ok(())
     }
 
-    /// Whether the current view still holds: a worker waiting for a share
-    /// gives up once another member began a view change that loses members
-    /// (the share may never come). A change that only admits joiners
-    /// begins after a barrier every member completes, so waits go on: the
-    /// barrier the members return to stays the same on every replay.
-    /// A worker that is no longer a member (the view went on without it)
-    /// gives up too.
+    /// Whether a wait goes on: a worker that is no longer a member (the
+    /// view went on without it) gives up. A change another member began
+    /// does not end a wait: a change is for a step S, every member (the
+    /// one that dies at S too) completes every step before S, so what a
+    /// wait before S needs comes, and the member leaves at S (see
+    /// [`Board::base_step`]).
     ///
     /// A killed worker's first incarnation (`restarted` false) gives up
     /// once the view went on without it, even if its restarted incarnation
@@ -374,9 +433,13 @@ impl Board {
         let st = lock(&self.state);
         if !restarted {
             for (i, f) in self.script.faults.iter().enumerate() {
+                // (While the change that loses it is still agreed on, it
+                // computes on to its step: the others may wait for its
+                // shares of the steps before.)
                 if let Fault::Kill { worker, step } = f
                     && *worker == id
                     && st.done.contains(&i)
+                    && !st.pending.as_ref().is_some_and(|p| p.lost.contains(&id))
                 {
                     return Err(CommError::Closed(format!(
                         "worker {id} killed by the fault script at step {step}"
@@ -384,21 +447,24 @@ impl Board {
                 }
             }
         }
-        view_holds(&st, id)
+        still_member(&st, id)
     }
 
     /// After the barrier that ends base step `steps - 1`: whether joiners
     /// are admitted here.
     pub fn at_barrier(&self, steps: u64) -> bool {
         let st = lock(&self.state);
-        st.pending.is_some() || !self.admissible(&st, steps).is_empty()
+        // A change for a later step (a kill a faster member met) is joined
+        // at that step, not here.
+        st.pending.as_ref().is_some_and(|p| p.at <= steps)
+            || !self.admissible(&st, steps).is_empty()
     }
 
     /// Workers admitted at a barrier after `steps` base steps.
     fn admissible(&self, st: &BoardState, steps: u64) -> BTreeSet<usize> {
         let mut out = BTreeSet::new();
         for (i, f) in self.script.faults.iter().enumerate() {
-            if let Fault::Restart { worker, step } = f
+            if let Fault::Restart { worker, step } | Fault::Join { worker, step } = f
                 && !st.done.contains(&i)
                 && *step <= steps
                 && !st.members.contains(worker)
@@ -429,15 +495,16 @@ impl Board {
                     st.done.insert(i);
                 }
                 Fault::Partition { sides, from, until } if *from <= steps => {
-                    let rank0 = st.members[0];
-                    let live =
-                        |side: &Vec<usize>| side.iter().filter(|w| st.members.contains(w)).count();
-                    let (a, b) = (live(&sides[0]), live(&sides[1]));
-                    let keep = if a != b {
-                        usize::from(b > a)
-                    } else {
-                        usize::from(!sides[0].contains(&rank0))
+                    // The sides cover every worker, so exactly one holds
+                    // the quorum of the view; the other pauses.
+                    let live = |side: &Vec<usize>| -> Vec<usize> {
+                        st.members
+                            .iter()
+                            .copied()
+                            .filter(|w| side.contains(w))
+                            .collect()
                     };
+                    let keep = usize::from(!has_quorum(&st.members, &live(&sides[0])));
                     for w in &sides[1 - keep] {
                         if st.members.contains(w) {
                             lost.insert(*w);
@@ -446,7 +513,7 @@ impl Board {
                     }
                     st.done.insert(i);
                 }
-                Fault::Restart { worker, step }
+                Fault::Restart { worker, step } | Fault::Join { worker, step }
                     if *step <= steps && !st.members.contains(worker) =>
                 {
                     joiners.insert(*worker);
@@ -472,6 +539,7 @@ impl Board {
             .filter(|w| !lost.contains(w))
             .collect();
         Pending {
+            at: steps,
             expected,
             lost,
             joiners,
@@ -552,8 +620,9 @@ impl Board {
             // The joiners must be waiting before the view is handed out.
             let joiners = st.pending.as_ref().expect("set above").joiners.clone();
             st = self.wait(st, started, "joiners", |s| joiners.is_subset(&s.waiting))?;
-            self.build_view(&mut st);
+            let built = self.build_view(&mut st);
             self.changed.notify_all();
+            built?;
         } else {
             st = self.wait(st, started, "the other members' reports", |s| s.view > view)?;
         }
@@ -564,38 +633,43 @@ impl Board {
         Ok((ViewChange::Member(nv), handout))
     }
 
-    fn build_view(&self, st: &mut BoardState) {
+    fn build_view(&self, st: &mut BoardState) -> Result<(), CommError> {
         let p = st.pending.take().expect("a change in progress");
-        let rollback_to = p.reports.values().copied().min().unwrap_or(0);
-        let members: Vec<usize> = p
-            .expected
-            .iter()
-            .chain(&p.joiners)
-            .copied()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let mut handouts = (self.build)(members.len()).into_iter();
-        // The lowest-ranked member that stays hands the state over.
-        let sender = members.iter().find(|w| !p.joiners.contains(w)).copied();
+        let reports: Vec<(usize, u64)> = p.reports.iter().map(|(w, b)| (*w, *b)).collect();
+        let joiners: Vec<usize> = p.joiners.iter().copied().collect();
+        let next = match decide(&st.members, &reports, &joiners, |w| *w) {
+            Decision::Go(next) => next,
+            Decision::NoQuorum { reachable, of } => {
+                return Err(CommError::Other(format!(
+                    "the fault script leaves {reachable} of {of} workers in no side with a \
+                     quorum"
+                )));
+            }
+        };
+        let name = |w: &usize| format!("worker-{w}");
+        let names = |ws: &[usize]| ws.iter().map(name).collect::<Vec<_>>();
+        let mut handouts = (self.build)(next.members.len()).into_iter();
         st.view += 1;
         st.built.clear();
-        for (rank, w) in members.iter().enumerate() {
+        for (rank, w) in next.members.iter().enumerate() {
             let nv = NewView {
                 number: st.view,
                 rank,
-                world: members.len(),
-                rollback_to,
-                lost: p.lost.iter().map(|w| format!("worker-{w}")).collect(),
-                joined: p.joiners.iter().map(|w| format!("worker-{w}")).collect(),
-                sends_state: !p.joiners.is_empty() && Some(*w) == sender,
+                world: next.members.len(),
+                rollback_to: next.rollback_to,
+                lost: names(&next.lost),
+                joined: names(&next.joined),
+                sends_state: next.state_sender == Some(rank),
+                members: names(&next.members),
+                state_sender: next.state_sender,
             };
             st.built.insert(*w, (nv, handouts.next()));
         }
-        for w in &p.joiners {
+        for w in &next.joined {
             st.waiting.remove(w);
         }
-        st.members = members;
+        st.members = next.members;
+        Ok(())
     }
 
     /// Rank 0 of a view with joiners hands over the state.

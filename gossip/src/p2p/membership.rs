@@ -263,6 +263,12 @@ impl Membership {
         lock(&self.state).verified.keys().copied().collect()
     }
 
+    /// The key that orders `peer` into its place (and rank) under the run's
+    /// admission policy: the order of the first view, and of joiners.
+    pub fn place(&self, peer: &PeerId) -> (u64, String) {
+        self.admission.place(&self.identity.run_id, peer)
+    }
+
     /// The addresses `peer` announced (ours for ourselves).
     pub fn addrs_of(&self, peer: &PeerId) -> Vec<String> {
         if *peer == self.local {

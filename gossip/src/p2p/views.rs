@@ -39,6 +39,7 @@ use sha2::{Digest, Sha256};
 
 use super::membership::{MemberInfo, Membership, read_msg, write_msg};
 use super::state::{Shared, View, lock};
+use crate::view_rule::{self, Decision};
 use crate::{CommError, NewView, Rank, ViewChange};
 
 /// Protocol of view changes and joins.
@@ -66,7 +67,7 @@ pub(crate) struct Report {
 
 /// The next view, as its coordinator decided it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct Decision {
+pub(crate) struct ViewDecision {
     pub from_view: u64,
     pub number: u64,
     /// Members in rank order, with the addresses joiners dial.
@@ -79,7 +80,7 @@ pub(crate) struct Decision {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum ViewMsg {
     Report(Report),
-    Decided(Decision),
+    Decided(ViewDecision),
     Excluded {
         view: u64,
         reason: String,
@@ -102,7 +103,7 @@ pub(crate) enum ViewReply {
     /// The answer to a join request from a peer the current view already
     /// admitted: the decision, again (the first may have been lost while
     /// the connection to its earlier process was dropped).
-    Admitted(Decision),
+    Admitted(ViewDecision),
 }
 
 /// The header of a state transfer.
@@ -121,7 +122,7 @@ pub(crate) struct BoardState {
     /// Reports by view, then sender.
     reports: BTreeMap<u64, HashMap<PeerId, Report>>,
     /// Decisions heard, with their sender.
-    decided: Vec<(PeerId, Decision)>,
+    decided: Vec<(PeerId, ViewDecision)>,
     /// The view we were told to leave, and why.
     excluded: Option<(u64, String)>,
     /// The view whose members were told to stop, and why.
@@ -132,7 +133,7 @@ pub(crate) struct BoardState {
     /// before they heard of it is no restart).
     pub fresh: HashSet<PeerId>,
     /// The decision that made the current view.
-    last: Option<Decision>,
+    last: Option<ViewDecision>,
     /// A state received while joining: (view, sender, bytes).
     state_in: Option<(u64, PeerId, Vec<u8>)>,
 }
@@ -284,7 +285,7 @@ fn on_view_msg(
     membership: &Membership,
     peer: PeerId,
     msg: ViewMsg,
-) -> Result<Option<Decision>, String> {
+) -> Result<Option<ViewDecision>, String> {
     let view = shared.view.borrow().clone();
     let ours = view.as_ref().map_or(0, |v| v.number);
     let member_of = |v: &Option<Arc<View>>| v.as_ref().is_some_and(|v| v.rank_of(&peer).is_some());
@@ -381,7 +382,7 @@ fn on_view_msg(
     }
 }
 
-fn check_decision(d: &Decision) -> Result<(), String> {
+fn check_decision(d: &ViewDecision) -> Result<(), String> {
     if d.members.is_empty() || d.members.len() > MAX_MEMBERS {
         return Err(format!("decision with {} members", d.members.len()));
     }
@@ -475,7 +476,7 @@ async fn send(
     mut control: libp2p_stream::Control,
     peer: PeerId,
     msg: ViewMsg,
-) -> Result<Option<Decision>, String> {
+) -> Result<Option<ViewDecision>, String> {
     tokio::time::timeout(SEND_TIMEOUT, async move {
         let mut s = control
             .open_stream(peer, StreamProtocol::new(VIEW_PROTOCOL))
@@ -500,13 +501,6 @@ struct Plan {
     live: Vec<PeerId>,
     joiners: BTreeMap<PeerId, Vec<String>>,
     reports: HashMap<PeerId, Report>,
-}
-
-/// The quorum rule: a strict majority of the old view, or exactly half of
-/// it holding the old view's rank 0.
-pub(crate) fn has_quorum(old: &[PeerId], live: &[PeerId]) -> bool {
-    let (m, n) = (old.len(), live.len());
-    2 * n > m || (2 * n == m && old.first().is_some_and(|first| live.contains(first)))
 }
 
 impl super::P2pComm {
@@ -792,7 +786,8 @@ impl super::P2pComm {
         }
     }
 
-    /// The coordinator's decision from the reports of view `old`.
+    /// The coordinator's decision from the reports of view `old`, by the
+    /// rule both transports share ([`view_rule::decide`]).
     fn decide(&mut self, old: &Arc<View>, plan: Plan) -> Result<ViewChange, CommError> {
         let me = self.shared.local;
         let Plan {
@@ -800,30 +795,32 @@ impl super::P2pComm {
             joiners,
             reports,
         } = plan;
-        if !has_quorum(&old.members, &live) {
-            let reason = format!(
-                "{} of the {} members of view {} are reachable, no quorum: waiting to rejoin the \
-                 side that holds one",
-                live.len(),
-                old.members.len(),
-                old.number
-            );
-            tracing::warn!("{reason}");
-            for p in live.iter().filter(|p| **p != me) {
-                let msg = ViewMsg::Excluded {
-                    view: old.number,
-                    reason: reason.clone(),
-                };
-                self.spawn_send(*p, msg, false);
-            }
-            return Ok(ViewChange::Excluded(reason));
-        }
-        let rollback_to = live
+        let barriers: Vec<(PeerId, u64)> = live
             .iter()
-            .filter_map(|p| reports.get(p))
-            .map(|r| r.last_barrier)
-            .min()
-            .unwrap_or(0);
+            .filter_map(|p| reports.get(p).map(|r| (*p, r.last_barrier)))
+            .collect();
+        let candidates: Vec<PeerId> = joiners.keys().copied().collect();
+        let next = match view_rule::decide(&old.members, &barriers, &candidates, |p| {
+            self.membership.place(p)
+        }) {
+            Decision::Go(next) => next,
+            Decision::NoQuorum { reachable, of } => {
+                let reason = format!(
+                    "{reachable} of the {of} members of view {} are reachable, no quorum: \
+                     waiting to rejoin the side that holds one",
+                    old.number
+                );
+                tracing::warn!("{reason}");
+                for p in live.iter().filter(|p| **p != me) {
+                    let msg = ViewMsg::Excluded {
+                        view: old.number,
+                        reason: reason.clone(),
+                    };
+                    self.spawn_send(*p, msg, false);
+                }
+                return Ok(ViewChange::Excluded(reason));
+            }
+        };
         let addrs_of = |p: &PeerId| -> Vec<String> {
             let known = self.membership.addrs_of(p);
             if known.is_empty() {
@@ -832,29 +829,21 @@ impl super::P2pComm {
                 known
             }
         };
-        let mut members: Vec<MemberInfo> = live
-            .iter()
-            .map(|p| MemberInfo {
-                peer: p.to_string(),
-                addrs: addrs_of(p),
-            })
-            .collect();
-        members.extend(joiners.keys().map(|p| MemberInfo {
-            peer: p.to_string(),
-            addrs: addrs_of(p),
-        }));
-        let decision = Decision {
+        let names = |ps: &[PeerId]| ps.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        let decision = ViewDecision {
             from_view: old.number,
             number: old.number + 1,
-            members,
-            rollback_to,
-            lost: old
+            members: next
                 .members
                 .iter()
-                .filter(|p| !live.contains(p))
-                .map(|p| p.to_string())
+                .map(|p| MemberInfo {
+                    peer: p.to_string(),
+                    addrs: addrs_of(p),
+                })
                 .collect(),
-            joined: joiners.keys().map(|p| p.to_string()).collect(),
+            rollback_to: next.rollback_to,
+            lost: names(&next.lost),
+            joined: names(&next.joined),
         };
         for m in decision.members.iter().filter(|m| m.peer != me.to_string()) {
             if let Ok(p) = m.peer.parse::<PeerId>() {
@@ -876,7 +865,7 @@ impl super::P2pComm {
     }
 
     /// Installs a decided view; `Excluded` when it leaves us out.
-    fn adopt_decision(&mut self, d: &Decision) -> Result<ViewChange, CommError> {
+    fn adopt_decision(&mut self, d: &ViewDecision) -> Result<ViewChange, CommError> {
         let me = self.shared.local.to_string();
         let Some(rank) = d.members.iter().position(|m| m.peer == me) else {
             return Ok(ViewChange::Excluded(format!(
@@ -896,7 +885,8 @@ impl super::P2pComm {
                 self.dial(p, &m.addrs);
             }
         }
-        let sender: Option<Rank> = d.members.iter().position(|m| !d.joined.contains(&m.peer));
+        let names: Vec<String> = d.members.iter().map(|m| m.peer.clone()).collect();
+        let sender: Option<Rank> = view_rule::state_sender(&names, &d.joined);
         self.install(View {
             number: d.number,
             members,
@@ -922,7 +912,9 @@ impl super::P2pComm {
             rollback_to: d.rollback_to,
             lost: d.lost.clone(),
             joined: d.joined.clone(),
-            sends_state: was_member && !d.joined.is_empty() && sender == Some(rank),
+            sends_state: was_member && sender == Some(rank),
+            members: names,
+            state_sender: sender,
         };
         tracing::info!(
             view = d.number,
@@ -1146,21 +1138,9 @@ mod tests {
     }
 
     #[test]
-    fn quorum_is_a_majority_or_half_with_rank_zero() {
-        let old = peers(4);
-        assert!(has_quorum(&old, &old[..3]));
-        assert!(has_quorum(&old, &old[..2]), "half holding rank 0");
-        assert!(!has_quorum(&old, &old[2..]), "half without rank 0");
-        assert!(!has_quorum(&old, &old[3..]));
-        let odd = peers(5);
-        assert!(has_quorum(&odd, &odd[2..]));
-        assert!(!has_quorum(&odd, &odd[..2]));
-    }
-
-    #[test]
     fn decisions_are_checked() {
         let p = peers(2);
-        let good = Decision {
+        let good = ViewDecision {
             from_view: 3,
             number: 4,
             members: p
@@ -1175,7 +1155,7 @@ mod tests {
             joined: vec![],
         };
         assert!(check_decision(&good).is_ok());
-        let skip = Decision {
+        let skip = ViewDecision {
             number: 6,
             ..good.clone()
         };
@@ -1186,7 +1166,7 @@ mod tests {
         let mut bad = good.clone();
         bad.members[1].peer = "not-a-peer".into();
         assert!(check_decision(&bad).unwrap_err().contains("not a peer id"));
-        let empty = Decision {
+        let empty = ViewDecision {
             members: vec![],
             ..good
         };

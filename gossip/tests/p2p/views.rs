@@ -189,9 +189,11 @@ fn a_restarted_member_is_admitted_again_with_the_state() {
         })
         .collect();
     let mut comms = Vec::new();
+    let mut views = Vec::new();
     let mut senders = 0;
     for h in handles {
         let (c, view, sum) = h.join().unwrap();
+        views.push(view.clone());
         assert_eq!(view.world, 3);
         assert_eq!(view.joined, vec![lost_id.clone()]);
         assert_eq!(view.rollback_to, 5);
@@ -205,6 +207,17 @@ fn a_restarted_member_is_admitted_again_with_the_state() {
     assert_eq!(admission.view.world, 3);
     assert_eq!(admission.view.rank, 2);
     assert!(!admission.view.sends_state);
+    // The rule both transports share: survivors in their old order, then
+    // the joiner; rank 0 sends the state.
+    assert_eq!(admission.view.members.last(), Some(&lost_id));
+    assert_eq!(admission.view.state_sender, Some(0));
+    for v in &views {
+        assert_eq!(
+            v.members, admission.view.members,
+            "one view on every member"
+        );
+        assert_eq!(v.state_sender, Some(0));
+    }
     assert_eq!(sum, 6.0);
     comms.push(c);
     shutdown_all(comms);
