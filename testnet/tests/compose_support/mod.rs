@@ -18,11 +18,16 @@ pub fn workspace() -> PathBuf {
 }
 
 /// True when a Docker Engine answers; otherwise prints why the test is
-/// skipped (the only reason these tests skip).
+/// skipped (the only reason these tests skip), or fails it under CI=true.
 pub fn docker_available(test: &str) -> bool {
     match slowmo_testnet::docker::engine_available() {
         Ok(()) => true,
         Err(why) => {
+            // Under CI a test that cannot run is a failure, not a skip.
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "CI=true but no Docker Engine answers ({why}): {test} cannot run"
+            );
             println!("SKIPPED {test}: no Docker Engine answers ({why})");
             false
         }
