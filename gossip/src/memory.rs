@@ -402,6 +402,10 @@ impl MemoryComm {
 impl ShareSink for MemoryComm {
     type Share = Vec<f32>;
 
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
     fn scale_and_encode(&mut self, _round: u64, x: &mut [f32], p: f32, _w: f64) -> Vec<f32> {
         x.iter_mut()
             .map(|v| {
@@ -456,10 +460,7 @@ impl Communicator for MemoryComm {
         let shared = self.shared.clone();
         self.ledger
             .begin(&shared.inboxes[self.rank], round.round, round.in_peers)?;
-        let sent = send_half(round, x, w, self)?;
-        if sent > 0 {
-            self.ledger.sent(sent, *w);
-        }
+        send_half(round, x, w, self)?;
         let wait = round.round.checked_sub(round.staleness);
         self.collect(wait, x, w, "push-sum")
     }

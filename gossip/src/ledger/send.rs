@@ -4,6 +4,7 @@
 //! out-peer, then counted in the ledger. A transport says only how a share
 //! is built and how it reaches one peer ([`ShareSink`]).
 
+use super::Ledger;
 use crate::{CommError, PushSumRound, Rank, push_sum_share};
 
 /// How a transport builds one round's share and hands it to a peer.
@@ -12,6 +13,8 @@ pub(crate) trait ShareSink {
     /// payload and header over the network); cloned for all out-peers but
     /// the last, so a clone should be cheap where it can be.
     type Share: Clone;
+    /// The push-sum ledger the sent shares are counted in.
+    fn ledger(&mut self) -> &mut Ledger;
     /// Scales `x` by `p` in place and returns the share of `round` every
     /// out-peer gets (`w` is the weight it carries, already scaled).
     fn scale_and_encode(&mut self, round: u64, x: &mut [f32], p: f32, w: f64) -> Self::Share;
@@ -44,16 +47,16 @@ pub(crate) fn check_round(
 }
 
 /// Scales `x` and `w` by this round's share and sends the share to every
-/// out-peer; returns how many shares went out (the caller's ledger records
-/// them with [`super::Ledger::sent`]). Without out-peers nothing changes.
+/// out-peer, then counts them in the sink's ledger. Without out-peers
+/// nothing changes.
 pub(crate) fn send_half<S: ShareSink>(
     round: &PushSumRound<'_>,
     x: &mut [f32],
     w: &mut f64,
     sink: &mut S,
-) -> Result<usize, CommError> {
+) -> Result<(), CommError> {
     let Some((&last, others)) = round.out_peers.split_last() else {
-        return Ok(0);
+        return Ok(());
     };
     let p = push_sum_share(round.out_peers.len());
     *w *= p;
@@ -62,5 +65,6 @@ pub(crate) fn send_half<S: ShareSink>(
         sink.send_share(peer, round.round, share.clone(), *w)?;
     }
     sink.send_share(last, round.round, share, *w)?;
-    Ok(round.out_peers.len())
+    sink.ledger().sent(round.out_peers.len(), *w);
+    Ok(())
 }

@@ -616,6 +616,10 @@ impl Drop for P2pComm {
 impl ShareSink for P2pComm {
     type Share = Outgoing;
 
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.push
+    }
+
     fn scale_and_encode(&mut self, round: u64, x: &mut [f32], p: f32, w: f64) -> Outgoing {
         let lane = self.shared.lanes.get().is_some();
         let buf = self.shared.pool.take(4 * x.len());
@@ -704,10 +708,7 @@ impl Communicator for P2pComm {
         self.runtime()?;
         self.push
             .begin(&self.shared.push_inbox, round.round, round.in_peers)?;
-        let sent = send_half(round, x, w, self)?;
-        if sent > 0 {
-            self.push.sent(sent, *w);
-        }
+        send_half(round, x, w, self)?;
         let wait = round.round.checked_sub(round.staleness);
         self.collect(wait, x, w, "push-sum")
     }
