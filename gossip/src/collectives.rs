@@ -20,7 +20,7 @@ pub enum ReduceOp {
 fn check_lengths(all: &[Vec<u64>], out_len: usize, what: &str) -> Result<(), CommError> {
     if all.iter().any(|v| v.len() != out_len) {
         let lengths: Vec<String> = all.iter().map(|v| v.len().to_string()).collect();
-        return Err(CommError::Other(format!(
+        return Err(CommError::Protocol(format!(
             "{what} all-reduce: the ranks contributed different numbers of values (by rank: {})",
             lengths.join(", ")
         )));
@@ -38,7 +38,7 @@ pub fn reduce_u64(all: &[Vec<u64>], out: &mut [u64], op: ReduceOp) -> Result<(),
             ReduceOp::Max => values.fold(first, u64::max),
             ReduceOp::Min => values.fold(first, u64::min),
             ReduceOp::Sum => values.try_fold(first, u64::checked_add).ok_or_else(|| {
-                CommError::Other(format!(
+                CommError::Value(format!(
                     "u64 all-reduce: the sum of element {i} over all ranks exceeds u64::MAX"
                 ))
             })?,
@@ -52,7 +52,7 @@ pub fn reduce_u64(all: &[Vec<u64>], out: &mut [u64], op: ReduceOp) -> Result<(),
 pub fn sum_f64_in_rank_order(all: &[Vec<u64>], out: &mut [f64]) -> Result<(), CommError> {
     check_lengths(all, out.len(), "f64")?;
     let bad = |rank: Rank, i: usize, v: f64| {
-        CommError::Other(format!(
+        CommError::Value(format!(
             "f64 all-reduce: rank {rank} contributed the non-finite value {v} at element {i}"
         ))
     };

@@ -14,6 +14,7 @@
 //!   the bits never depend on the order in which shares arrived, and keeps
 //!   count of the mass that went in and out.
 
+use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -105,11 +106,6 @@ pub(crate) struct Inbox<P> {
     window: u64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A thread that panicked poisons nothing we cannot still read.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl<P: SharePayload> Inbox<P> {
     /// An inbox that takes shares up to `window` rounds ahead of ours and at
     /// most `window` (at least 1) buffered per sender.
@@ -128,7 +124,9 @@ impl<P: SharePayload> Inbox<P> {
     }
 
     /// Whether a share of `round` from `from` would be taken (checked before
-    /// its payload is read, and again on delivery).
+    /// its payload is read, and again on delivery). Only the fuzz harness
+    /// and the tests ask before delivering.
+    #[cfg(any(test, feature = "fuzz"))]
     pub fn admit(&self, round: u64, from: Rank) -> Result<(), Refusal> {
         let st = lock(&self.state);
         self.admit_locked(&st, round, from)
@@ -285,7 +283,7 @@ impl Ledger {
         if let Some(last) = self.last
             && round <= last
         {
-            return Err(CommError::Other(format!(
+            return Err(CommError::Misuse(format!(
                 "push-sum round {round} after round {last}: rounds must increase (the receiver \
                  tells repeated shares apart by their round)"
             )));
@@ -424,7 +422,7 @@ impl Ledger {
             .range(range)
             .find(|(_, s)| s.payload.floats() != x.len())
         {
-            return Err(CommError::Other(format!(
+            return Err(CommError::Protocol(format!(
                 "push-sum share of round {round} from {} holds {} floats where this rank has {}",
                 (waiting.peer_name)(from),
                 share.payload.floats(),

@@ -7,14 +7,16 @@
 //! and their push-sum weights.
 
 mod collectives;
+pub mod compress;
 mod ledger;
 pub mod memory;
 mod ring;
 pub mod simnet;
+pub mod sync;
 pub mod view_rule;
 
 pub use collectives::ReduceOp;
-pub use ring::{CHUNK_FLOATS, DIRECT_MAX_BYTES, Schedule};
+pub use ring::{CHUNK_FLOATS, DIRECT_MAX_BYTES, DIRECT_MAX_RANKS, Schedule};
 
 use std::time::Duration;
 
@@ -42,9 +44,40 @@ pub enum CommError {
     /// The transport or a peer is gone.
     #[error("communication closed: {0}")]
     Closed(String),
-    /// Anything else, described.
+    /// A setting or an input the node was given is refused: the p2p
+    /// configuration, a multiaddr, the identity file, the admission policy
+    /// for this node, a peer id or protocol name handed to a call.
     #[error("{0}")]
-    Other(String),
+    Config(String),
+    /// The network could not be set up or used: the runtime, the swarm, a
+    /// listener, a protocol's acceptor, the data lane, a raw stream.
+    #[error("{0}")]
+    Network(String),
+    /// A peer broke the protocol, or the ranks disagree on it: a bad peer
+    /// id in a member list or decision, a share of the wrong length,
+    /// collectives called in different orders or with different lengths.
+    #[error("{0}")]
+    Protocol(String),
+    /// The caller broke an operation's contract: rounds that do not
+    /// increase, a rank outside the view, a message over the cap.
+    #[error("{0}")]
+    Misuse(String),
+    /// A typed collective's values cannot be combined (a sum beyond
+    /// `u64::MAX`, a non-finite value).
+    #[error("{0}")]
+    Value(String),
+    /// This node is not a member of the run (yet): outside the view, not
+    /// admitted in time, no state received, or its places are taken.
+    #[error("{0}")]
+    NotAdmitted(String),
+    /// The run cannot go on: fewer members than it needs and nobody joined
+    /// in time, no side with a quorum, or a membership change timed out.
+    #[error("{0}")]
+    RunStopped(String),
+    /// The transport cannot do this (a membership change on a transport
+    /// without views, the data lane's probe without a lane).
+    #[error("{0}")]
+    Unsupported(String),
     /// The operation was interrupted on request ([`Interrupt::raise`]).
     #[error("interrupted on request")]
     Interrupted,
@@ -312,7 +345,7 @@ pub trait Communicator: Send {
     /// changes return the error.
     fn change_view(&mut self, last_barrier: u64) -> Result<ViewChange, CommError> {
         let _ = last_barrier;
-        Err(CommError::Other(
+        Err(CommError::Unsupported(
             "this transport cannot change the membership view".into(),
         ))
     }
@@ -323,6 +356,11 @@ pub trait Communicator: Send {
         let _ = round;
         Ok(false)
     }
+    /// Nodes this one knows to be waiting to join the run (a harness holding
+    /// the run at a step waits until a node it started is known).
+    fn joiners_waiting(&self) -> usize {
+        0
+    }
     /// The member with [`NewView::sends_state`], after a change with joiners: hands the
     /// training state to them.
     fn send_state(&mut self, state: &[u8]) -> Result<(), CommError> {
@@ -332,7 +370,7 @@ pub trait Communicator: Send {
     /// A worker outside the view (excluded, or new): waits until the run
     /// admits it at a barrier and returns its place and the state.
     fn rejoin(&mut self) -> Result<Admission, CommError> {
-        Err(CommError::Other(
+        Err(CommError::Unsupported(
             "this transport cannot admit a worker into a running view".into(),
         ))
     }

@@ -16,11 +16,13 @@ mod simulated;
 
 mod ring;
 
-pub use faults::{Fault, FaultScript};
+pub use slowmo_runspec::faults::{SimFault, SimScript};
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use crate::sync::lock;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::compress::{Compression, MemShare};
 use crate::ledger::{Inbox, Ledger, Mixing, ShareSink, Waiting, check_round, send_half};
 use crate::simnet::SimNetwork;
 use crate::{
@@ -75,7 +77,7 @@ fn floats(all: &[Contribution]) -> Result<Vec<(&[f32], f64)>, CommError> {
 }
 
 fn out_of_order(rank: Rank) -> CommError {
-    CommError::Other(format!(
+    CommError::Protocol(format!(
         "rank {rank} was in another kind of collective: the ranks called collectives in \
          different orders"
     ))
@@ -95,7 +97,7 @@ struct Shared {
     size: usize,
     timeout: Duration,
     arrival: Arrival,
-    inboxes: Vec<Inbox<Vec<f32>>>,
+    inboxes: Vec<Inbox<MemShare>>,
     reduce: Mutex<Reduce>,
     reduce_done: Condvar,
 }
@@ -127,13 +129,13 @@ impl MemoryNetwork {
     }
 
     /// One communicator per worker of a run with scripted membership
-    /// faults (see [`FaultScript`]), and one more per `restart` in the
+    /// faults (see [`SimScript`]), and one more per `restart` in the
     /// script: a worker that starts outside the view and waits in
     /// [`Communicator::rejoin`]. Deterministic like [`MemoryNetwork::new`].
     pub fn with_faults(
         size: usize,
         timeout: Duration,
-        script: FaultScript,
+        script: SimScript,
     ) -> (Vec<MemoryComm>, Vec<MemoryComm>) {
         let arrival = Arrival::Lockstep;
         let joiners = script.joiners();
@@ -179,6 +181,7 @@ impl MemoryNetwork {
                 step: 0,
                 rejoined: false,
                 interrupt: Interrupt::new(),
+                compress: Compression::None,
             })
             .collect()
     }
@@ -235,11 +238,8 @@ pub struct MemoryComm {
     /// This communicator came in through [`Communicator::rejoin`].
     rejoined: bool,
     interrupt: Interrupt,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A worker thread that panicked poisons nothing we cannot still read.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    /// How this worker's push-sum shares travel ([`MemoryComm::set_compression`]).
+    compress: Compression,
 }
 
 fn worker_name(rank: Rank) -> String {
@@ -269,6 +269,12 @@ fn waiting<R>(
 }
 
 impl MemoryComm {
+    /// Sends this worker's push-sum shares compressed with `codec` (every
+    /// worker of a run must use the same; see [`crate::compress`]).
+    pub fn set_compression(&mut self, codec: Compression) {
+        self.compress = codec;
+    }
+
     /// Takes a place in a new view's network; nothing of the old view's
     /// push-sum rounds is kept.
     fn install(&mut self, h: Handout) {
@@ -279,9 +285,9 @@ impl MemoryComm {
     }
 
     fn board(&self) -> Result<&Arc<Board>, CommError> {
-        self.board
-            .as_ref()
-            .ok_or_else(|| CommError::Other("this in-memory run has no membership changes".into()))
+        self.board.as_ref().ok_or_else(|| {
+            CommError::Unsupported("this in-memory run has no membership changes".into())
+        })
     }
 
     fn check_len(&mut self, len: usize) -> Result<(), CommError> {
@@ -318,7 +324,8 @@ impl MemoryComm {
         )?;
         let added = self.ledger.mass().shares_added - before;
         self.stats.messages_received += added;
-        self.stats.bytes_received += added * message_bytes(x.len());
+        let share = crate::compress::encoded_bytes(self.compress, x.len()) as u64 + 8;
+        self.stats.bytes_received += added * share;
         Ok(())
     }
 
@@ -400,29 +407,31 @@ impl MemoryComm {
 /// is a vector delivered straight into the receiver's inbox (through the
 /// simulated network when there is one).
 impl ShareSink for MemoryComm {
-    type Share = Vec<f32>;
+    type Share = MemShare;
 
     fn ledger(&mut self) -> &mut Ledger {
         &mut self.ledger
     }
 
-    fn scale_and_encode(&mut self, _round: u64, x: &mut [f32], p: f32, _w: f64) -> Vec<f32> {
-        x.iter_mut()
-            .map(|v| {
-                *v *= p;
-                *v
-            })
-            .collect()
+    fn scale_and_encode(
+        &mut self,
+        _round: u64,
+        x: &mut [f32],
+        p: f32,
+        out_peers: usize,
+        _w: f64,
+    ) -> MemShare {
+        MemShare::encode(self.compress, x, p, out_peers)
     }
 
-    fn send_share(&mut self, peer: Rank, round: u64, x: Vec<f32>, w: f64) -> Result<(), CommError> {
-        let bytes = message_bytes(x.len());
+    fn send_share(&mut self, peer: Rank, round: u64, x: MemShare, w: f64) -> Result<(), CommError> {
+        let bytes = x.wire_bytes() + 8;
         let (shared, rank) = (&self.shared, self.rank);
         let deliver = move || {
             shared.inboxes[peer]
                 .deliver(round, rank, w, x)
                 .map_err(|refusal| {
-                    CommError::Other(format!(
+                    CommError::Protocol(format!(
                         "push-sum share of round {round} from rank {rank} to rank {peer} refused: {refusal}"
                     ))
                 })

@@ -138,6 +138,12 @@ pub const CHUNK_FLOATS: usize = 1 << 20;
 /// takes m - 1 whole contributions at once and holds the early ones).
 pub const DIRECT_MAX_BYTES: usize = 1 << 20;
 
+/// The direct schedule is taken over at most this many ranks: every rank
+/// sends to every other, so it needs a link to each, and a node's links
+/// must stay bounded as runs grow (over more ranks the ring, which needs
+/// its two neighbours, is as fast: measured to tie from 8 ranks on).
+pub const DIRECT_MAX_RANKS: usize = 16;
+
 impl Schedule {
     /// The schedule of an all-reduce of `n` floats over `m` ranks moving at
     /// most `chunk` floats per message: direct up to `direct_max` bytes
@@ -145,11 +151,17 @@ impl Schedule {
     /// arguments, so every rank (configured alike) picks the same.
     pub fn choose(n: usize, m: usize, chunk: usize, direct_max: usize) -> Self {
         let one_chunk = m > 0 && n.div_ceil(m) <= chunk;
-        if m > 2 && one_chunk && n.saturating_mul(4) <= direct_max {
+        if Self::direct_possible(m, direct_max) && one_chunk && n.saturating_mul(4) <= direct_max {
             Schedule::Direct
         } else {
             Schedule::Ring
         }
+    }
+
+    /// Whether [`Schedule::choose`] may take the direct schedule over `m`
+    /// ranks (then every rank needs a link to every other).
+    pub fn direct_possible(m: usize, direct_max: usize) -> bool {
+        m > 2 && m <= DIRECT_MAX_RANKS && direct_max > 0
     }
 
     pub fn name(self) -> &'static str {
@@ -291,7 +303,7 @@ pub(crate) fn ring_all_reduce<L: Links>(
             continue;
         }
         if recv_step >= steps {
-            return Err(CommError::Other(format!(
+            return Err(CommError::Misuse(format!(
                 "ring all-reduce: rank {rank} has nothing to send or receive at step {send_step}"
             )));
         }

@@ -109,7 +109,7 @@ fn collectives_called_in_different_orders_are_an_error() {
     for r in got {
         let err = r.unwrap_err();
         assert!(
-            matches!(&err, CommError::Other(t) if t.contains("different orders")),
+            matches!(&err, CommError::Protocol(t) if t.contains("different orders")),
             "{err}"
         );
     }

@@ -100,6 +100,11 @@ fn gather_blocks_never_panic() {
 }
 
 #[test]
+fn compressed_shares_never_panic() {
+    exercise_all_seeds("coded");
+}
+
+#[test]
 fn data_lane_frames_never_panic() {
     exercise_all_seeds("lane");
 }

@@ -1,22 +1,14 @@
 //! The slowmo node: configuration, models, data, the training loop, metrics.
+//!
+//! - [`engine`]: the training loop, its elastic recovery, the simulator and
+//!   the shared setup of a run (model and dataset from the configuration).
+//! - [`io`]: what a run reads and writes (checkpoints, metrics, outputs,
+//!   the observation endpoint, reports).
+//! - [`commands`]: the subcommands of the `slowmo` binary.
 
-pub mod bench_cmd;
-pub mod bench_sim;
-pub mod checkpoint;
+pub mod commands;
 pub mod config;
 pub mod data;
-pub mod exchange;
-pub mod metrics;
+pub mod engine;
+pub mod io;
 pub mod model;
-pub mod node_cmd;
-pub mod node_outputs;
-pub mod observe;
-pub mod outputs;
-pub mod report;
-pub mod run_cmd;
-pub mod simulate;
-pub mod stopping;
-pub mod study;
-pub mod sweep;
-pub mod topology_cmd;
-pub mod train;

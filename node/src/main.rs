@@ -11,19 +11,19 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run m workers inside one process (deterministic given the seed).
-    Simulate(Box<slowmo_node::simulate::SimulateArgs>),
+    Simulate(Box<slowmo_node::commands::simulate::SimulateArgs>),
     /// Run one real peer of a run over libp2p.
-    Node(Box<slowmo_node::node_cmd::NodeArgs>),
+    Node(Box<slowmo_node::commands::node::NodeArgs>),
     /// Admission to a run: run keys, invitations, peer ids.
-    Run(slowmo_node::run_cmd::RunArgs),
+    Run(slowmo_node::commands::run::RunArgs),
     /// Analyse and compare communication graphs, and sweep training over them.
-    Topology(slowmo_node::topology_cmd::TopologyArgs),
+    Topology(slowmo_node::commands::topology::TopologyArgs),
     /// Measure the simulator's overhead, transport throughput and all-reduce.
-    Bench(slowmo_node::bench_cmd::BenchArgs),
+    Bench(slowmo_node::commands::bench::BenchArgs),
     /// Write an HTML report with plots of a run folder.
-    Report(slowmo_node::report::ReportArgs),
+    Report(slowmo_node::io::report::ReportArgs),
     /// Studies over many simulated runs: the paper's table with error bars.
-    Study(slowmo_node::study::StudyArgs),
+    Study(slowmo_node::commands::study::StudyArgs),
 }
 
 /// Sets candle's compute threads unless the user chose already. Many
@@ -67,15 +67,18 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a terminal: a log file (a testnet's node.log, a
+        // redirect) gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
-        Command::Simulate(args) => slowmo_node::simulate::run(*args),
-        Command::Node(args) => slowmo_node::node_cmd::run(*args),
-        Command::Run(args) => slowmo_node::run_cmd::run(args),
-        Command::Topology(args) => slowmo_node::topology_cmd::run(args),
-        Command::Bench(args) => slowmo_node::bench_cmd::run(args),
-        Command::Report(args) => slowmo_node::report::run(args),
-        Command::Study(args) => slowmo_node::study::run(args),
+        Command::Simulate(args) => slowmo_node::commands::simulate::run(*args),
+        Command::Node(args) => slowmo_node::commands::node::run(*args),
+        Command::Run(args) => slowmo_node::commands::run::run(args),
+        Command::Topology(args) => slowmo_node::commands::topology::run(args),
+        Command::Bench(args) => slowmo_node::commands::bench::run(args),
+        Command::Report(args) => slowmo_node::io::report::run(args),
+        Command::Study(args) => slowmo_node::commands::study::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -184,7 +184,54 @@ fn corrupt_and_mismatched_checkpoints_are_refused_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("no usable checkpoint") && err.contains("config hash"),
+        err.contains("no usable checkpoint") && err.contains("`lr` was 0.01, is 0.02"),
         "{err}"
     );
+}
+
+#[test]
+fn a_run_extended_by_a_resume_ends_with_the_longer_runs_bits() {
+    // SlowMo over Local SGD (the default preset), constant learning rate.
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    simulate(
+        &["12", "--steps", "1200"],
+        &[],
+        &path("long"),
+        &path("ck-long"),
+    );
+    simulate(&["12", "--steps", "600"], &[], &path("short"), &path("ck"));
+    let out = simulate(
+        &["12", "--steps", "1200"],
+        &["--resume"],
+        &path("extended"),
+        &path("ck"),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("resuming every worker at step 600"), "{err}");
+    assert!(
+        std::fs::read(path("long")).unwrap() == std::fs::read(path("extended")).unwrap(),
+        "the run of 600 steps extended to 1200 differs from the run of 1200"
+    );
+
+    // A cosine schedule depends on the total: the rates of the steps taken
+    // would differ, so the same extension is refused, naming the setting.
+    let cosine = ["12", "--schedule", "cosine"];
+    simulate(
+        &[&cosine[..], &["--steps", "600"]].concat(),
+        &[],
+        &path("cos"),
+        &path("ck-cos"),
+    );
+    let out = slowmo()
+        .arg("simulate")
+        .args(SMALL)
+        .args(cosine)
+        .args(["--steps", "1200", "--resume", "--checkpoint-dir"])
+        .arg(path("ck-cos"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("`steps` was 600, is 1200"), "{err}");
 }

@@ -3,10 +3,9 @@
 //! members' state, a partition's minority pauses and comes back, and every
 //! scripted run replays bit for bit.
 
-use slowmo_gossip::memory::FaultScript;
-use slowmo_node::checkpoint::CheckpointArgs;
 use slowmo_node::config::{RunConfig, TrainOptions};
-use slowmo_node::simulate::{SimulationSummary, simulate_over};
+use slowmo_node::engine::simulate::{Simulation, SimulationSummary};
+use slowmo_runspec::faults::SimScript;
 
 fn config(extra: &str) -> RunConfig {
     let base = "workers = 8\nhidden = [32]\nbatch_size = 16\neval_every = 0\nsteps = 96\ntau = 8\n";
@@ -17,15 +16,8 @@ fn config(extra: &str) -> RunConfig {
 }
 
 fn run(config: &RunConfig, script: &str) -> SimulationSummary {
-    let faults = FaultScript::parse(script, config.workers).unwrap();
-    simulate_over(
-        config,
-        &CheckpointArgs::default(),
-        None,
-        Some(&faults),
-        &mut |_| {},
-    )
-    .unwrap()
+    let faults = SimScript::parse(script, config.workers).unwrap();
+    Simulation::new(config).faults(&faults).run().unwrap()
 }
 
 #[test]
@@ -69,7 +61,7 @@ fn a_restarted_worker_is_admitted_at_the_next_barrier_and_every_run_replays() {
             "{preset}: a scripted run replays"
         );
         // The fault changed the trajectory.
-        let clean = simulate_over(&c, &CheckpointArgs::default(), None, None, &mut |_| {}).unwrap();
+        let clean = Simulation::new(&c).run().unwrap();
         assert_ne!(clean.averaged_params, a.averaged_params, "{preset}");
     }
 }
@@ -124,24 +116,26 @@ fn with_equal_halves_the_side_holding_rank_0_goes_on() {
 #[test]
 fn bad_scripts_are_refused_with_the_reason() {
     let cases = [
-        ("kill 9@10", "not below the 8 workers"),
-        ("restart 2@10", "needs an earlier `kill 2@S`"),
-        ("kill 2@10; kill 2@20", "killed twice"),
+        ("kill 9@10", "no node 9 in 8 nodes"),
+        ("restart 2@10", "needs an earlier `kill 2@...`"),
+        ("kill 2@10; kill 2@20", "already down"),
         ("partition 0-3|3-7@10..20", "disjoint"),
         ("partition 0-3|4-7@20..10", "empty"),
         ("explode 1@2", "unknown fault"),
-        ("kill 1", "no `@STEP`"),
-        ("join 9@10", "counts on from the 8"),
+        ("kill 1", "no `@WHEN`"),
+        ("join 9@10", "join 8 first"),
         (
             "join 8@10; kill 8@20",
             "only workers that were there from the start",
         ),
-        ("restart 8@10", "not below the 8 workers"),
+        ("restart 8@10", "no node 8 in 8 nodes"),
+        ("pause 2@10", "cannot pause"),
+        ("kill 2@5s", "base steps"),
     ];
     for (script, want) in cases {
-        let e = FaultScript::parse(script, 8).unwrap_err();
+        let e = SimScript::parse(script, 8).unwrap_err();
         assert!(e.contains(want), "{script}: {e}");
     }
-    let ok = FaultScript::parse("kill 3@200; restart 3@400", 8).unwrap();
+    let ok = SimScript::parse("kill 3@200; restart 3@400", 8).unwrap();
     assert_eq!(ok.to_string(), "kill 3@200; restart 3@400");
 }

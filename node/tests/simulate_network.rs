@@ -3,9 +3,8 @@
 //! shares do not hang a run.
 
 use slowmo_gossip::simnet::{NetworkProfile, SimNetwork};
-use slowmo_node::checkpoint::CheckpointArgs;
 use slowmo_node::config::{RunConfig, TrainOptions};
-use slowmo_node::simulate::{SimulationSummary, simulate_over};
+use slowmo_node::engine::simulate::{Simulation, SimulationSummary};
 
 const SMALL: &str = "workers = 4\nhidden = [32]\nbatch_size = 16\neval_every = 0\nsteps = 48\n";
 
@@ -29,14 +28,7 @@ fn config(extra: &str) -> RunConfig {
 fn run(config: &RunConfig, profile: &str) -> SimulationSummary {
     let profile = NetworkProfile::from_toml(profile).unwrap();
     let net = SimNetwork::new(&profile, config.workers, config.seed).unwrap();
-    simulate_over(
-        config,
-        &CheckpointArgs::default(),
-        Some(&net),
-        None,
-        &mut |_| {},
-    )
-    .unwrap()
+    Simulation::new(config).network(&net).run().unwrap()
 }
 
 /// Each worker's mean virtual step time.
@@ -91,14 +83,14 @@ fn lost_shares_lose_mass_without_hanging_and_replay() {
 #[test]
 fn without_a_network_the_summary_has_no_network_part() {
     let c = config("preset = \"sgp\"\n");
-    let s = slowmo_node::simulate::simulate(&c, &mut |_| {}).unwrap();
+    let s = Simulation::new(&c).run().unwrap();
     assert!(s.network.is_none());
     let json = serde_json::to_string(&s).unwrap();
     assert!(!json.contains("\"network\""));
 }
 
 fn load_error(path: &std::path::Path) -> String {
-    match slowmo_node::simulate::load_network(path, &config("")) {
+    match slowmo_node::engine::simulate::load_network(path, &config("")) {
         Ok(_) => panic!("{} was accepted", path.display()),
         Err(e) => format!("{e:#}"),
     }
@@ -128,5 +120,5 @@ fn a_profile_that_does_not_fit_the_run_names_the_file_and_the_key() {
 fn the_example_profile_fits_a_four_worker_run() {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/network-example.toml");
-    slowmo_node::simulate::load_network(&path, &config("")).unwrap();
+    slowmo_node::engine::simulate::load_network(&path, &config("")).unwrap();
 }

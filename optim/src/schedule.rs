@@ -70,6 +70,13 @@ fn cosine_factor(done: u64, span: u64, min_factor: f32) -> f64 {
 }
 
 impl Schedule {
+    /// Whether the rate at a step depends on the run's total length (the
+    /// cosine decays): a run with such a schedule cannot be extended, since
+    /// the rates of the steps already taken would differ.
+    pub fn depends_on_total(&self) -> bool {
+        matches!(self, Self::Cosine { .. } | Self::WarmupCosine { .. })
+    }
+
     /// The learning rate for base step `step` of a run of `total_steps` steps.
     /// Degenerate parameters (a zero period, `total_steps == 0`) fall back to
     /// `base_lr` instead of dividing by zero; [`Schedule::validate`] rejects them

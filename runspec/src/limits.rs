@@ -78,7 +78,27 @@ fn dataset_shape(kind: DatasetKind) -> (u64, u64, u64, u64, u64) {
         DatasetKind::Synthetic => (784, 1, 28, 10, 14_000),
         DatasetKind::FashionMnist | DatasetKind::Mnist => (784, 1, 28, 10, 70_000),
         DatasetKind::Cifar10 => (3072, 3, 32, 10, 60_000),
+        // sized by `text_bytes` instead
+        DatasetKind::Text => (0, 1, 0, 256, 0),
     }
+}
+
+/// Bytes of a text file, or of the files in a folder (0 where unreadable:
+/// loading names the path then).
+fn text_bytes(path: &std::path::Path) -> u64 {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return 0;
+    };
+    if meta.is_file() {
+        return meta.len();
+    }
+    std::fs::read_dir(path).map_or(0, |entries| {
+        entries
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .fold(0, u64::saturating_add)
+    })
 }
 
 impl RunConfig {
@@ -95,6 +115,10 @@ impl RunConfig {
                     .windows(2)
                     .fold(0u64, |n, w| n.saturating_add(linear(w[0], w[1])))
             }
+            ModelKind::Transformer => self
+                .transformer
+                .unwrap_or_default()
+                .param_count(classes as usize),
             ModelKind::Cnn => {
                 // conv1 5x5 "same" + pool, conv2 5x5 + pool, then 120, 84.
                 let pooled = (side / 2).saturating_sub(4) / 2;
@@ -120,6 +144,14 @@ impl RunConfig {
 
     /// Estimated memory of the dataset as loaded (`f32` values).
     pub fn dataset_bytes(&self) -> u64 {
+        if self.dataset == DatasetKind::Text {
+            // one f32 per byte, plus one in `context` for the windows' overlap
+            return self
+                .data_dir
+                .as_deref()
+                .map_or(0, text_bytes)
+                .saturating_mul(5);
+        }
         let (sample, _, _, _, samples) = dataset_shape(self.dataset);
         sample * samples * 4
     }

@@ -11,7 +11,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 use slowmo_optim::{Base, BufferPolicy, OptimizerKind, Preset, Schedule};
 use slowmo_topologies::GraphSpec;
 
-use crate::kinds::{DatasetKind, ModelKind, Partition};
+use crate::compression::Compression;
+use crate::kinds::{DatasetArg, ModelKind, Partition};
 
 /// Errors of configuration loading and validation.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +136,18 @@ pub struct TrainOptions {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub background_gossip: Option<bool>,
+    /// Push-sum share encoding on the wire: none, bf16, int8 (block-scaled,
+    /// 3.9x fewer bytes) or topk:F (the fraction F of largest values). The
+    /// weight travels exactly and the sender keeps the compression error
+    /// [default: none].
+    #[arg(long)]
+    #[serde(
+        default,
+        deserialize_with = "opt_from_str",
+        serialize_with = "opt_display"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress: Option<Compression>,
     /// Communication graph for sgp/osgp (see `slowmo topology`) [default: exponential].
     #[arg(long)]
     #[serde(
@@ -194,7 +207,7 @@ pub struct TrainOptions {
     #[arg(long, allow_negative_numbers = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_every: Option<u64>,
-    /// Model: mlp, cnn [default: mlp].
+    /// Model: mlp, cnn, transformer [default: mlp].
     #[arg(long)]
     #[serde(
         default,
@@ -207,7 +220,24 @@ pub struct TrainOptions {
     #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hidden: Option<Vec<usize>>,
-    /// Dataset: synthetic, fashion-mnist, mnist, cifar10 [default: synthetic].
+    /// Transformer blocks [default: 4].
+    #[arg(long, allow_negative_numbers = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
+    /// Transformer attention heads; divides --width [default: 4].
+    #[arg(long, allow_negative_numbers = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heads: Option<usize>,
+    /// Transformer embedding width [default: 256].
+    #[arg(long, allow_negative_numbers = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<usize>,
+    /// Transformer context length in tokens [default: 64].
+    #[arg(long, allow_negative_numbers = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<usize>,
+    /// Dataset: synthetic, fashion-mnist, mnist, cifar10, text:PATH (a file
+    /// or a folder of files, byte-level) [default: synthetic].
     #[arg(long)]
     #[serde(
         default,
@@ -215,12 +245,13 @@ pub struct TrainOptions {
         serialize_with = "opt_display"
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub dataset: Option<DatasetKind>,
+    pub dataset: Option<DatasetArg>,
     /// Directory of the dataset files [default: the Debian path for fashion-mnist].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
-    /// Per-worker shards: iid, by-class, dirichlet:A [default: iid].
+    /// Per-worker shards: iid, by-class, contiguous, dirichlet:A [default:
+    /// iid; contiguous for text].
     #[arg(long)]
     #[serde(
         default,
@@ -300,6 +331,7 @@ nesterov_outer = false
 buffer_policy = "reset"
 staleness = 2
 background_gossip = false
+compress = "int8"
 graph = "ring"
 peers = 2
 optimizer = "adam"
@@ -313,6 +345,10 @@ steps = 10
 eval_every = 5
 model = "cnn"
 hidden = [8]
+layers = 2
+heads = 2
+width = 8
+context = 16
 dataset = "mnist"
 data_dir = "/a"
 partition = "by-class"
@@ -331,6 +367,7 @@ seed = 3
         "--buffer-policy=average",
         "--staleness=1",
         "--background-gossip",
+        "--compress=topk:0.1",
         "--graph=exponential",
         "--peers=1",
         "--optimizer=sgd",
@@ -344,6 +381,10 @@ seed = 3
         "--eval-every=0",
         "--model=mlp",
         "--hidden=16,4",
+        "--layers=3",
+        "--heads=1",
+        "--width=4",
+        "--context=8",
         "--dataset=synthetic",
         "--data-dir=/b",
         "--partition=iid",

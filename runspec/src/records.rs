@@ -76,6 +76,23 @@ pub struct NodeSummary {
     pub worker_accuracy_mean: Option<f32>,
     pub worker_accuracy_std: Option<f32>,
     pub consensus_distance: Option<f64>,
+    /// The transformer: held-out loss of the exactly averaged model and its
+    /// perplexity, and this node's training tokens per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_loss: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_perplexity: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+    /// This node's push-sum weight at the end of the run (after the drain,
+    /// before the final average).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push_sum_weight: Option<f64>,
+    /// The sum of this node's de-biased parameters then: `push_sum_weight *
+    /// params_sum` is the sum of its numerator, so the final average's sum
+    /// is `sum_i (w_i * params_sum_i) / sum_i w_i`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_sum: Option<f64>,
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub messages_dropped: u64,
@@ -144,6 +161,11 @@ impl NodeSummary {
             worker_accuracy_mean: None,
             worker_accuracy_std: None,
             consensus_distance: None,
+            test_loss: None,
+            test_perplexity: None,
+            tokens_per_second: None,
+            push_sum_weight: None,
+            params_sum: None,
             bytes_sent: 0,
             bytes_received: 0,
             messages_dropped: 0,

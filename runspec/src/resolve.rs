@@ -10,11 +10,13 @@ use sha2::{Digest, Sha256};
 use slowmo_optim::{Algorithm, Base, OptimizerConfig, OptimizerKind, Preset, Schedule};
 use slowmo_topologies::GraphSpec;
 
-use crate::kinds::{DatasetKind, ModelKind, Partition};
+use crate::compression::Compression;
+use crate::kinds::{DatasetKind, ModelKind, Partition, TransformerShape};
 use crate::options::{ConfigError, TrainOptions, invalid};
 
-/// The largest staleness bound accepted: well inside the 256-round window
-/// over which peers accept shares, since a worker can run up to about the
+/// The largest staleness bound accepted: well inside the round window over
+/// which peers accept shares (`slowmo_gossip::p2p::DEFAULT_ROUND_WINDOW`,
+/// where the window is documented), since a worker can run up to about the
 /// staleness times the graph's diameter rounds ahead of another.
 pub const MAX_STALENESS: u64 = 64;
 
@@ -80,8 +82,8 @@ impl TrainOptions {
             return Err(invalid(
                 "staleness",
                 format!(
-                    "{} is above {MAX_STALENESS}: a peer refuses shares more than 256 rounds \
-                     ahead of its own (the round window), and a worker may run up to about \
+                    "{} is above {MAX_STALENESS}: a peer refuses shares more than the round \
+                     window ahead of its own, and a worker may run up to about \
                      staleness times the graph's diameter rounds ahead of another",
                     algorithm.staleness
                 ),
@@ -177,6 +179,13 @@ impl TrainOptions {
         graph
             .validate()
             .map_err(|e| invalid("peers", e.to_string()))?;
+        let (dataset, data_dir) = self.dataset_and_dir()?;
+        let model = self.model.unwrap_or(ModelKind::Mlp);
+        let transformer = self.transformer_shape(model, dataset)?;
+        let partition = self.partition.unwrap_or(match dataset {
+            DatasetKind::Text => Partition::Contiguous,
+            _ => Partition::Iid,
+        });
         Ok(RunConfig {
             algorithm,
             preset,
@@ -187,14 +196,94 @@ impl TrainOptions {
             batch_size,
             steps: self.steps.unwrap_or(600),
             eval_every: self.eval_every.unwrap_or(100),
-            model: self.model.unwrap_or(ModelKind::Mlp),
+            model,
             hidden,
-            dataset: self.dataset.unwrap_or(DatasetKind::Synthetic),
-            data_dir: self.data_dir.clone(),
-            partition: self.partition.unwrap_or(Partition::Iid),
+            transformer,
+            dataset,
+            data_dir,
+            partition,
             graph,
             seed,
+            compress: self.compress.unwrap_or_default(),
         })
+    }
+}
+
+impl TrainOptions {
+    /// The dataset and its path: `--dataset text:PATH` is `--dataset text
+    /// --data-dir PATH`; both given must agree.
+    fn dataset_and_dir(&self) -> Result<(DatasetKind, Option<PathBuf>), ConfigError> {
+        let Some(arg) = &self.dataset else {
+            return Ok((DatasetKind::Synthetic, self.data_dir.clone()));
+        };
+        let dir = match (&arg.path, &self.data_dir) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(invalid(
+                    "dataset",
+                    format!(
+                        "--dataset {arg} and --data-dir {} name different paths; give one",
+                        b.display()
+                    ),
+                ));
+            }
+            (Some(a), _) => Some(a.clone()),
+            (None, b) => b.clone(),
+        };
+        if arg.kind == DatasetKind::Text && dir.is_none() {
+            return Err(invalid(
+                "dataset",
+                "text needs the file or folder to read: --dataset text:PATH",
+            ));
+        }
+        Ok((arg.kind, dir))
+    }
+
+    /// The transformer's shape when the model is the transformer (which
+    /// trains on text only, as text trains only the transformer); `None`
+    /// for the other models, which refuse the transformer's settings.
+    fn transformer_shape(
+        &self,
+        model: ModelKind,
+        dataset: DatasetKind,
+    ) -> Result<Option<TransformerShape>, ConfigError> {
+        let given = [
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("width", self.width),
+            ("context", self.context),
+        ];
+        if model != ModelKind::Transformer {
+            if dataset == DatasetKind::Text {
+                return Err(invalid(
+                    "model",
+                    format!("--dataset text trains --model transformer, not {model}"),
+                ));
+            }
+            if let Some((name, _)) = given.iter().find(|(_, v)| v.is_some()) {
+                return Err(invalid(
+                    name,
+                    format!("--{name} shapes the transformer; --model is {model}"),
+                ));
+            }
+            return Ok(None);
+        }
+        if dataset != DatasetKind::Text {
+            return Err(invalid(
+                "dataset",
+                format!("--model transformer trains on --dataset text:PATH, not {dataset}"),
+            ));
+        }
+        let d = TransformerShape::default();
+        let shape = TransformerShape {
+            layers: self.layers.unwrap_or(d.layers),
+            heads: self.heads.unwrap_or(d.heads),
+            width: self.width.unwrap_or(d.width),
+            context: self.context.unwrap_or(d.context),
+        };
+        shape
+            .validate()
+            .map_err(|(name, message)| invalid(name, message))?;
+        Ok(Some(shape))
     }
 }
 
@@ -213,6 +302,10 @@ pub struct RunConfig {
     pub eval_every: u64,
     pub model: ModelKind,
     pub hidden: Vec<usize>,
+    /// The transformer's shape (`Some` exactly when `model` is the
+    /// transformer; absent from the settings of the other models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformer: Option<TransformerShape>,
     pub dataset: DatasetKind,
     pub data_dir: Option<PathBuf>,
     #[serde(serialize_with = "as_display", deserialize_with = "from_str")]
@@ -220,6 +313,97 @@ pub struct RunConfig {
     #[serde(serialize_with = "as_display", deserialize_with = "from_str")]
     pub graph: GraphSpec,
     pub seed: u64,
+    /// Push-sum share encoding; absent from the settings when none, so an
+    /// uncompressed run's settings and hash are those of earlier versions.
+    #[serde(default, skip_serializing_if = "Compression::is_none")]
+    pub compress: Compression,
+}
+
+/// A setting that differs between a run's earlier part (its checkpoints)
+/// and its resume: its dotted name in [`RunConfig::settings`] and both
+/// values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingChange {
+    pub name: String,
+    pub earlier: String,
+    pub now: String,
+}
+
+impl std::fmt::Display for SettingChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` was {}, is {}", self.name, self.earlier, self.now)
+    }
+}
+
+/// The settings of `now` a resume of a run with the settings `earlier`
+/// cannot take (both as [`RunConfig::settings`] JSON): every one that
+/// differs, except `steps` while the learning-rate schedule does not depend
+/// on the total (constant, warmup, step), since a longer or shorter run
+/// computes the steps already taken with the same bits. Empty: the resume
+/// may go on. `Err` when `earlier` is not such a JSON text.
+pub fn resume_differences(earlier: &str, now: &str) -> Result<Vec<SettingChange>, String> {
+    let parse = |text: &str| serde_json::from_str::<serde_json::Value>(text);
+    let earlier = parse(earlier).map_err(|e| format!("the recorded settings: {e}"))?;
+    let now = parse(now).map_err(|e| format!("the settings: {e}"))?;
+    let mut flat_earlier = Vec::new();
+    let mut flat_now = Vec::new();
+    flatten("", &earlier, &mut flat_earlier);
+    flatten("", &now, &mut flat_now);
+    let total_free = now
+        .get("schedule")
+        .and_then(|s| s.as_str())
+        .and_then(|s| s.parse::<Schedule>().ok())
+        .is_some_and(|s| !s.depends_on_total())
+        && earlier.get("schedule") == now.get("schedule");
+    let lookup = |flat: &[(String, String)], name: &str| {
+        flat.iter()
+            .find(|(n, _)| n == name)
+            .map_or_else(|| "(unset)".to_string(), |(_, v)| v.clone())
+    };
+    let mut names: Vec<&String> = flat_earlier
+        .iter()
+        .chain(&flat_now)
+        .map(|(n, _)| n)
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names
+        .into_iter()
+        .filter(|name| !(name.as_str() == "steps" && total_free))
+        .filter_map(|name| {
+            let (e, n) = (lookup(&flat_earlier, name), lookup(&flat_now, name));
+            (e != n).then(|| SettingChange {
+                name: name.clone(),
+                earlier: e,
+                now: n,
+            })
+        })
+        .collect())
+}
+
+/// `value`'s leaves as (dotted name, JSON text).
+fn flatten(prefix: &str, value: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                let name = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&name, v, out);
+            }
+        }
+        // Settings held as f32 read back as their f64 widening: shown as
+        // the f32 they are (0.01, not 0.009999999776482582).
+        serde_json::Value::Number(n)
+            if n.is_f64() && n.as_f64().is_some_and(|f| f64::from(f as f32) == f) =>
+        {
+            let f = n.as_f64().expect("checked") as f32;
+            out.push((prefix.to_string(), f.to_string()));
+        }
+        leaf => out.push((prefix.to_string(), leaf.to_string())),
+    }
 }
 
 fn as_display<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -238,14 +422,28 @@ where
 }
 
 impl RunConfig {
+    /// When `--peers` asks for more out-peers per round than the graph of
+    /// the run's nodes has, a note saying what each round sends to (runs
+    /// log it; see `slowmo_topologies::peers_clamped`).
+    pub fn peers_clamped(&self) -> Option<String> {
+        slowmo_topologies::peers_clamped(&self.graph, self.workers)
+    }
+
     /// SHA-256 of the settings that must agree between peers (everything but
-    /// the data directory, which is per-machine).
+    /// the data directory, which is per-machine): of [`RunConfig::settings`].
     pub fn hash(&self) -> String {
+        hex::encode(Sha256::digest(self.settings().as_bytes()))
+    }
+
+    /// The settings that must agree between peers, as JSON (everything but
+    /// the data directory). Checkpoints record it, so that a resume can name
+    /// each setting that differs ([`resume_differences`]).
+    pub fn settings(&self) -> String {
         let mut shared = serde_json::to_value(self).expect("config serialises");
         if let Some(map) = shared.as_object_mut() {
             map.remove("data_dir");
         }
-        hex::encode(Sha256::digest(shared.to_string().as_bytes()))
+        shared.to_string()
     }
 
     /// Whether the base exchanges parameters by push-sum every step.
@@ -257,6 +455,39 @@ impl RunConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn settings(toml: &str) -> String {
+        TrainOptions::from_toml(toml)
+            .unwrap()
+            .resolve()
+            .unwrap()
+            .settings()
+    }
+
+    #[test]
+    fn a_resume_may_extend_steps_unless_the_schedule_depends_on_the_total() {
+        for schedule in ["constant", "warmup:10", "step:100:0.5"] {
+            let at = |steps| settings(&format!("steps = {steps}\nschedule = \"{schedule}\"\n"));
+            assert_eq!(resume_differences(&at(600), &at(1200)).unwrap(), vec![]);
+        }
+        let cosine = |steps| settings(&format!("steps = {steps}\nschedule = \"cosine\"\n"));
+        let d = resume_differences(&cosine(600), &cosine(1200)).unwrap();
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].to_string(), "`steps` was 600, is 1200");
+        // Any other setting is named with both values, however deep.
+        let d =
+            resume_differences(&settings("tau = 12\nlr = 0.05\n"), &settings("tau = 6\n")).unwrap();
+        let text: Vec<String> = d.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            text,
+            [
+                "`algorithm.slowmo.tau` was 12, is 6",
+                "`lr` was 0.05, is 0.01"
+            ],
+            "{d:?}"
+        );
+        assert!(resume_differences("not json", &cosine(1)).is_err());
+    }
 
     #[test]
     fn defaults_are_slowmo_over_local_sgd() {

@@ -13,7 +13,8 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-use crate::profile::{NodeShape, Profile, shapes_table};
+use crate::node_line::{CheckpointFlags, NodeLine, node_name};
+use crate::profile::{NodeShape, Profile, host_cpus, shapes_table};
 use crate::yaml::Yaml;
 
 /// Where a node keeps its files inside the container.
@@ -41,6 +42,8 @@ pub enum ComposeError {
     },
     #[error("run config {path} is not valid TOML: {message}")]
     ParseConfig { path: PathBuf, message: String },
+    #[error("--min-nodes {min}: must be between 1 and --nodes {nodes}")]
+    MinNodes { min: usize, nodes: usize },
     #[error("--image must not be empty")]
     NoImage,
     #[error("{0}")]
@@ -100,6 +103,22 @@ pub struct ComposeArgs {
     /// Seconds a node waits for all others to join.
     #[arg(long, default_value_t = 180)]
     pub join_timeout: u64,
+    /// Seconds a peer may stay silent.
+    #[arg(long, default_value_t = 60)]
+    pub peer_timeout: u64,
+    /// Passed to every node: the fewest members the run trains with.
+    #[arg(long)]
+    pub min_nodes: Option<usize>,
+    /// Every node writes checkpoints into /data/checkpoints of its volume
+    /// (implied by the other checkpoint flags).
+    #[arg(long)]
+    pub checkpoints: bool,
+    /// Outer iterations between checkpoints [node default: 1].
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<u64>,
+    /// Checkpoints each node keeps [node default: 3].
+    #[arg(long, value_name = "K")]
+    pub checkpoint_keep: Option<u64>,
     /// RUST_LOG of the nodes.
     #[arg(long, default_value = "info")]
     pub log: String,
@@ -131,6 +150,9 @@ pub struct TestnetSpec {
     pub profile: Profile,
     pub shapes: Vec<NodeShape>,
     pub join_timeout: u64,
+    pub peer_timeout: u64,
+    pub min_nodes: Option<usize>,
+    pub checkpoints: Option<CheckpointFlags>,
     pub log: String,
     pub node_args: Vec<String>,
     /// Host ports of the nodes' metrics endpoints, if published.
@@ -187,11 +209,6 @@ impl std::fmt::Display for Ipv4Net {
     }
 }
 
-/// This machine's CPU count.
-pub fn host_cpus() -> f64 {
-    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
-}
-
 impl TestnetSpec {
     /// Builds the spec from the command-line arguments (reads the config
     /// and profile files).
@@ -228,6 +245,14 @@ impl TestnetSpec {
             }
             None => None,
         };
+        if let Some(m) = args.min_nodes
+            && (m == 0 || m > args.nodes)
+        {
+            return Err(ComposeError::MinNodes {
+                min: m,
+                nodes: args.nodes,
+            });
+        }
         let profile = Profile::load(&args.profile)?;
         let default_cpus = args.host_cpus.unwrap_or_else(host_cpus) / args.nodes as f64;
         let shapes = profile.resolve(args.nodes, default_cpus)?;
@@ -248,6 +273,13 @@ impl TestnetSpec {
             profile,
             shapes,
             join_timeout: args.join_timeout,
+            peer_timeout: args.peer_timeout,
+            min_nodes: args.min_nodes,
+            checkpoints: CheckpointFlags::wanted(
+                args.checkpoints,
+                args.checkpoint_every,
+                args.checkpoint_keep,
+            ),
             log: args.log.clone(),
             node_args: args.node_args.clone(),
         })
@@ -264,34 +296,37 @@ impl TestnetSpec {
             .multiaddr(self.network.node_ip(index), self.port)
     }
 
-    /// The `slowmo` arguments of node `index` (after the image's entrypoint).
+    /// The `slowmo` arguments of node `index` (after the image's
+    /// entrypoint): every other node is a bootstrap peer, the files are in
+    /// its volume at [`DATA_DIR`].
     pub fn node_command(&self, index: usize) -> Vec<String> {
-        let shape = &self.shapes[index];
-        let mut cmd: Vec<String> = vec!["node".into()];
-        let mut flag = |name: &str, value: String| {
-            cmd.push(name.to_string());
-            cmd.push(value);
-        };
-        if self.run_config.is_some() {
-            flag("--config", format!("{DATA_DIR}/run.toml"));
+        NodeLine {
+            config: self
+                .run_config
+                .as_ref()
+                .map(|_| format!("{DATA_DIR}/run.toml").into()),
+            nodes: self.nodes(),
+            run_id: None,
+            listen: self.listen_addr(index),
+            bootstrap: (0..self.nodes())
+                .filter(|&j| j != index)
+                .map(|j| self.listen_addr(j))
+                .collect(),
+            threads: self.shapes[index].threads as usize,
+            join_timeout: self.join_timeout,
+            peer_timeout: self.peer_timeout,
+            data_dir: DATA_DIR.into(),
+            metrics_addr: self
+                .metrics_ports
+                .as_ref()
+                .map(|_| format!("0.0.0.0:{}", crate::observe::CONTAINER_METRICS_PORT)),
+            min_nodes: self.min_nodes,
+            checkpoints: self.checkpoints.clone(),
+            resume: false,
+            hold_at: Vec::new(),
+            extra: self.node_args.clone(),
         }
-        flag("--nodes", self.nodes().to_string());
-        flag("--listen", self.listen_addr(index));
-        for peer in (0..self.nodes()).filter(|&j| j != index) {
-            flag("--bootstrap", self.listen_addr(peer));
-        }
-        flag("--identity", format!("{DATA_DIR}/identity.key"));
-        flag("--threads", shape.threads.to_string());
-        flag("--join-timeout", self.join_timeout.to_string());
-        flag("--metrics-jsonl", format!("{DATA_DIR}/metrics.jsonl"));
-        flag("--summary-json", format!("{DATA_DIR}/summary.json"));
-        flag("--save-params", format!("{DATA_DIR}/params.safetensors"));
-        if self.metrics_ports.is_some() {
-            let port = crate::observe::CONTAINER_METRICS_PORT;
-            flag("--metrics-addr", format!("0.0.0.0:{port}"));
-        }
-        cmd.extend(self.node_args.iter().cloned());
-        cmd
+        .text_args()
     }
 
     /// The compose file as a YAML tree.
@@ -400,11 +435,6 @@ impl TestnetSpec {
     }
 }
 
-/// The service name of node `index`.
-pub fn node_name(index: usize) -> String {
-    format!("node{index}")
-}
-
 /// A short description of a node's limits, for labels and tables.
 pub fn describe_shape(shape: &NodeShape) -> String {
     let mut parts = vec![format!("cpus={}", format_number(shape.cpus))];
@@ -476,6 +506,11 @@ mod tests {
             port: 4001,
             host_cpus: Some(2.0),
             join_timeout: 60,
+            peer_timeout: 45,
+            min_nodes: None,
+            checkpoints: false,
+            checkpoint_every: None,
+            checkpoint_keep: None,
             log: "info".into(),
             output: None,
             metrics_port: None,
@@ -507,6 +542,7 @@ mod tests {
             ]
         );
         assert_eq!(values("--nodes"), vec!["4"]);
+        assert_eq!(values("--peer-timeout"), vec!["45"]);
         assert_eq!(values("--identity"), vec!["/data/identity.key"]);
         assert!(
             values("--config").is_empty(),
@@ -514,10 +550,10 @@ mod tests {
         );
         assert_eq!(&cmd[cmd.len() - 2..], ["--steps", "7"]);
         let tree = spec.to_yaml_tree();
-        let ip = tree.at(&["services", "node3", "networks", NETWORK, "ipv4_address"]);
+        let ip = tree.at(&["services", "node-3", "networks", NETWORK, "ipv4_address"]);
         assert_eq!(ip.and_then(Yaml::as_str), Some("10.213.0.13"));
         assert_eq!(
-            tree.at(&["services", "node3", "cpus"]),
+            tree.at(&["services", "node-3", "cpus"]),
             Some(&Yaml::Float(0.5)),
             "two host cores shared by four nodes"
         );
@@ -543,15 +579,15 @@ mod tests {
                 .and_then(Yaml::as_str)
                 .map(str::to_string)
         };
-        assert_eq!(env("node2", "SLOWMO_RATE_MBIT").as_deref(), Some("20"));
-        assert_eq!(env("node0", "SLOWMO_RATE_MBIT"), None);
-        assert_eq!(env("node3", "RAYON_NUM_THREADS").as_deref(), Some("1"));
+        assert_eq!(env("node-2", "SLOWMO_RATE_MBIT").as_deref(), Some("20"));
+        assert_eq!(env("node-0", "SLOWMO_RATE_MBIT"), None);
+        assert_eq!(env("node-3", "RAYON_NUM_THREADS").as_deref(), Some("1"));
         assert_eq!(
-            tree.at(&["services", "node3", "cpus"]),
+            tree.at(&["services", "node-3", "cpus"]),
             Some(&Yaml::Float(0.17))
         );
         let text = spec.to_compose_file();
-        assert!(text.contains("# node3"), "{text}");
+        assert!(text.contains("# node-3"), "{text}");
         assert!(text.contains("slow-cpu"));
     }
 
@@ -567,7 +603,7 @@ mod tests {
         .unwrap();
         let tree = spec.to_yaml_tree();
         let config = tree
-            .at(&["services", "node0", "environment", "SLOWMO_RUN_CONFIG"])
+            .at(&["services", "node-0", "environment", "SLOWMO_RUN_CONFIG"])
             .and_then(Yaml::as_str)
             .unwrap();
         assert_eq!(config, "base = \"sgp\"\nsteps = 200\nrun = \"a$$b\"\n");

@@ -76,7 +76,7 @@ pub struct LogsArgs {
     /// Only the last N lines of each node.
     #[arg(long)]
     pub tail: Option<usize>,
-    /// Nodes (`node2` or `2`); all when none.
+    /// Nodes (`node-2` or `2`); all when none.
     pub nodes: Vec<String>,
 }
 
@@ -85,7 +85,7 @@ pub struct LogsArgs {
 pub struct NodeArgs {
     #[command(flatten)]
     pub target: Target,
-    /// The node: `node2` or `2`.
+    /// The node: `node-2` or `2`.
     pub node: String,
 }
 
@@ -94,7 +94,7 @@ pub struct NodeArgs {
 pub struct PartitionArgs {
     #[command(flatten)]
     pub target: Target,
-    /// Groups of nodes, comma-separated (`0,1` or `node0,node1`). Each group
+    /// Groups of nodes, comma-separated (`0,1` or `node-0,node-1`). Each group
     /// is cut off from every node outside it; the nodes named in no group
     /// form one more group.
     #[arg(required = true)]
@@ -393,7 +393,7 @@ pub fn partition(args: PartitionArgs) -> anyhow::Result<()> {
 }
 
 /// Cuts each group off from every node outside it (the nodes in no group
-/// form one more group); returns the sides as `node0,node1 | node2,...`.
+/// form one more group); returns the sides as `node-0,node-1 | node-2,...`.
 pub fn apply_partition(
     containers: &[ContainerInfo],
     groups: &[Vec<String>],
@@ -470,49 +470,49 @@ mod tests {
 
     #[test]
     fn sides_put_unnamed_nodes_together() {
-        let nodes: Vec<String> = (0..5).map(|i| format!("node{i}")).collect();
+        let nodes: Vec<String> = (0..5).map(crate::node_line::node_name).collect();
         let groups = vec![
-            vec!["node0".to_string(), "node3".to_string()],
-            vec!["node1".to_string()],
+            vec!["node-0".to_string(), "node-3".to_string()],
+            vec!["node-1".to_string()],
         ];
         assert_eq!(sides(&groups, &nodes).unwrap(), vec![0, 1, 2, 0, 2]);
-        let twice = vec![vec!["node0".to_string()], vec!["node0".to_string()]];
+        let twice = vec![vec!["node-0".to_string()], vec!["node-0".to_string()]];
         assert!(
             sides(&twice, &nodes)
                 .unwrap_err()
                 .to_string()
                 .contains("two partition groups")
         );
-        let unknown = vec![vec!["node9".to_string()]];
+        let unknown = vec![vec!["node-9".to_string()]];
         assert!(
             sides(&unknown, &nodes)
                 .unwrap_err()
                 .to_string()
-                .contains("node9")
+                .contains("node-9")
         );
     }
 
     #[test]
     fn check_rows_names_failed_nodes() {
         let ok = ResultRow {
-            node: "node0".into(),
+            node: "node-0".into(),
             state: "exited".into(),
             exit_code: Some(0),
             ..ResultRow::default()
         };
         assert!(check_rows(std::slice::from_ref(&ok)).is_ok());
         let bad = ResultRow {
-            node: "node1".into(),
+            node: "node-1".into(),
             exit_code: Some(137),
             ..ok.clone()
         };
         let running = ResultRow {
-            node: "node2".into(),
+            node: "node-2".into(),
             state: "running".into(),
             ..ok.clone()
         };
         let killed = ResultRow {
-            node: "node3".into(),
+            node: "node-3".into(),
             state: "killed".into(),
             ..bad.clone()
         };
@@ -520,10 +520,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("node1 (exited 137)") && err.contains("node2 (running"),
+            err.contains("node-1 (exited 137)") && err.contains("node-2 (running"),
             "{err}"
         );
-        assert!(!err.contains("node3"), "{err}");
+        assert!(!err.contains("node-3"), "{err}");
         assert!(check_rows(&[ok, killed.clone()]).is_ok());
         let err = check_rows(&[killed]).unwrap_err().to_string();
         assert!(err.contains("every node was killed"), "{err}");

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use crate::compose::{ADDRESS_LABEL, NODE_LABEL, SHAPE_LABEL};
+use crate::node_line::{node_index, node_name};
 
 /// Errors of running docker or compose.
 #[derive(Debug, thiserror::Error)]
@@ -185,7 +186,7 @@ impl Project {
         cmd
     }
 
-    /// The services of the compose file, node0 first.
+    /// The services of the compose file, node-0 first.
     pub fn services(&self) -> Result<Vec<String>, DockerError> {
         let out = run_output(&mut self.command(&["config", "--services"]))?;
         let mut services: Vec<String> = String::from_utf8_lossy(&out.stdout)
@@ -197,13 +198,12 @@ impl Project {
         Ok(services)
     }
 
-    /// Resolves a node given as `node2` or `2` against the services.
+    /// Resolves a node given as `node-2` or `2` against the services.
     pub fn node(&self, name: &str) -> Result<String, DockerError> {
         let services = self.services()?;
-        let wanted = if name.chars().all(|c| c.is_ascii_digit()) {
-            format!("node{name}")
-        } else {
-            name.to_string()
+        let wanted = match name.parse::<usize>() {
+            Ok(i) if name.chars().all(|c| c.is_ascii_digit()) => node_name(i),
+            _ => name.to_string(),
         };
         if services.contains(&wanted) {
             Ok(wanted)
@@ -295,11 +295,6 @@ impl Project {
         }
         Ok(left)
     }
-}
-
-/// The index of `nodeN`.
-pub fn node_index(service: &str) -> Option<usize> {
-    service.strip_prefix("node")?.parse().ok()
 }
 
 /// Reads one file out of a container (running, paused or exited) through
@@ -430,10 +425,10 @@ mod tests {
 
     #[test]
     fn node_indices_sort_numerically() {
-        assert_eq!(node_index("node10"), Some(10));
-        assert_eq!(node_index("nodex"), None);
-        let mut names = vec!["node10", "node2", "node1"];
+        assert_eq!(node_index("node-10"), Some(10));
+        assert_eq!(node_index("node-x"), None);
+        let mut names = vec!["node-10", "node-2", "node-1"];
         names.sort_by_key(|s| node_index(s));
-        assert_eq!(names, vec!["node1", "node2", "node10"]);
+        assert_eq!(names, vec!["node-1", "node-2", "node-10"]);
     }
 }

@@ -57,12 +57,12 @@ pub fn add_metrics_network(networks: &mut Yaml) {
     networks.insert(METRICS_NETWORK, Yaml::map().with("driver", "bridge"));
 }
 
-/// Writes the scrape configuration of compose nodes `node0..` at `ports`.
+/// Writes the scrape configuration of compose nodes `node-0..` at `ports`.
 pub fn write_prometheus_config(path: &Path, ports: &[u16]) -> anyhow::Result<()> {
     let nodes: Vec<(String, u16)> = ports
         .iter()
         .enumerate()
-        .map(|(i, p)| (crate::compose::node_name(i), *p))
+        .map(|(i, p)| (crate::node_line::node_name(i), *p))
         .collect();
     std::fs::write(path, prometheus_config("slowmo", &nodes))
         .with_context(|| format!("writing {}", path.display()))?;
@@ -113,9 +113,12 @@ mod tests {
 
     #[test]
     fn scrape_config_lists_every_node() {
-        let text = prometheus_config("slowmo", &[("node0".into(), 9100), ("node1".into(), 9101)]);
+        let text = prometheus_config(
+            "slowmo",
+            &[("node-0".into(), 9100), ("node-1".into(), 9101)],
+        );
         assert!(text.contains("job_name: \"slowmo\""));
         assert!(text.contains("targets: [\"127.0.0.1:9101\"]"));
-        assert!(text.contains("node: \"node1\""));
+        assert!(text.contains("node: \"node-1\""));
     }
 }

@@ -434,10 +434,15 @@ fn check_settings(profile: &str, prefix: &str, s: &NodeSettings) -> Result<(), P
     Ok(())
 }
 
+/// This machine's CPU count.
+pub fn host_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
+}
+
 /// A plain-text table of resolved node shapes.
 pub fn shapes_table(shapes: &[NodeShape]) -> String {
     let mut out = format!(
-        "{:<6} {:>5} {:>7} {:>8} {:>9} {:>9} {:>7} {:>9}  {}\n",
+        "{:<7} {:>5} {:>7} {:>8} {:>9} {:>9} {:>7} {:>9}  {}\n",
         "node",
         "cpus",
         "cpuset",
@@ -450,8 +455,8 @@ pub fn shapes_table(shapes: &[NodeShape]) -> String {
     );
     for s in shapes {
         out.push_str(&format!(
-            "{:<6} {:>5} {:>7} {:>8} {:>9} {:>9} {:>7} {:>9}  {}\n",
-            format!("node{}", s.index),
+            "{:<7} {:>5} {:>7} {:>8} {:>9} {:>9} {:>7} {:>9}  {}\n",
+            crate::node_line::node_name(s.index),
             format!("{:.2}", s.cpus),
             s.cpuset.as_deref().unwrap_or("-"),
             s.threads,
@@ -507,7 +512,7 @@ pub fn show(args: ProfileArgs) -> anyhow::Result<()> {
     if args.nodes == 0 {
         anyhow::bail!("--nodes must be at least 1");
     }
-    let host = args.host_cpus.unwrap_or_else(crate::compose::host_cpus);
+    let host = args.host_cpus.unwrap_or_else(host_cpus);
     let shapes = profile.resolve(args.nodes, host / args.nodes as f64)?;
     println!("{}", text.trim_end());
     println!("\n# With {} nodes on {host} CPU cores:", args.nodes);

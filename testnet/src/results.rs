@@ -7,9 +7,9 @@
 //!   results.md      the table (markdown)
 //!   results.json    one object per node: state, exit code, limits, summary
 //!   chaos.jsonl     what `slowmo-testnet chaos` did, if it ran
-//!   node0/summary.json metrics.jsonl shaping.txt run.toml log.txt
-//!   node1/...       (metrics.K.jsonl, summary.K.json: earlier lives of a
-//!                    node that chaos restarted)
+//!   node-0/summary.json metrics.jsonl shaping.txt run.toml log.txt
+//!   node-1/...      (metrics.K.jsonl, summary.K.json: earlier lives of a
+//!                    node that chaos restarted, see crate::life)
 //! ```
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use std::path::Path;
 
 use slowmo_runspec::{NodeSummary, ResultRow, results_table};
 
-use crate::chaos::ChaosFate;
+use crate::chaos::log::{ChaosFate, LOG_FILE, fates};
 use crate::docker::{self, ContainerInfo};
 
 /// Files copied out of each node's /data.
@@ -59,7 +59,7 @@ pub fn collect(containers: &[ContainerInfo], dir: &Path) -> anyhow::Result<Vec<R
         rows.push(row);
     }
     // Nodes that `chaos` killed last stay down on purpose.
-    let chaos = crate::chaos::fates(&crate::chaos::read_log(&dir.join(crate::chaos::LOG_FILE)));
+    let chaos = fates(&crate::events::read_log(&dir.join(LOG_FILE)));
     let mut md = results_table(&rows);
     if !chaos.is_empty() {
         for row in &mut rows {

@@ -48,7 +48,7 @@ fn compose_chaos_kills_and_restarts_as_the_seed_says_and_logs_it() {
         "{}",
         String::from_utf8_lossy(&dry.stderr)
     );
-    // `   4.0s kill node2`: offset, action, target.
+    // `   4.0s kill node-2`: offset, action, target.
     let planned: Vec<(String, String)> = String::from_utf8_lossy(&dry.stdout)
         .lines()
         .map(|l| {

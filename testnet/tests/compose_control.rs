@@ -16,7 +16,7 @@ fn reaches(net: &Testnet, from: usize, to: &str) -> bool {
     let containers = project.containers().unwrap();
     let id = &containers
         .iter()
-        .find(|c| c.service == format!("node{from}"))
+        .find(|c| c.service == format!("node-{from}"))
         .unwrap()
         .id;
     Command::new("docker")
@@ -58,7 +58,7 @@ fn compose_control_partitions_heals_pauses_and_kills_nodes() {
 
     assert!(
         reaches(&net, 0, &ip(1)),
-        "node0 -> node1 before any partition"
+        "node-0 -> node-1 before any partition"
     );
     let cut = net.cli("partition", &["0"]);
     assert!(
@@ -68,15 +68,15 @@ fn compose_control_partitions_heals_pauses_and_kills_nodes() {
     );
     assert!(
         !reaches(&net, 0, &ip(1)),
-        "node0 still reaches node1 across the partition"
+        "node-0 still reaches node-1 across the partition"
     );
     assert!(
         !reaches(&net, 2, &ip(0)),
-        "node2 still reaches node0 across the partition"
+        "node-2 still reaches node-0 across the partition"
     );
     assert!(
         reaches(&net, 1, &ip(2)),
-        "node1 and node2 are on the same side"
+        "node-1 and node-2 are on the same side"
     );
 
     let heal = net.cli("heal", &[]);
@@ -85,24 +85,24 @@ fn compose_control_partitions_heals_pauses_and_kills_nodes() {
         "{}",
         String::from_utf8_lossy(&heal.stderr)
     );
-    assert!(reaches(&net, 0, &ip(1)), "node0 -> node1 after heal");
-    assert!(reaches(&net, 2, &ip(0)), "node2 -> node0 after heal");
+    assert!(reaches(&net, 0, &ip(1)), "node-0 -> node-1 after heal");
+    assert!(reaches(&net, 2, &ip(0)), "node-2 -> node-0 after heal");
 
-    let bad = net.cli("partition", &["node7"]);
+    let bad = net.cli("partition", &["node-7"]);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("node7"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("node-7"));
 
     assert!(net.cli("pause", &["1"]).status.success());
-    assert!(state_of(&net, "node1").starts_with("paused"));
-    assert!(net.cli("resume", &["node1"]).status.success());
-    assert!(state_of(&net, "node1").starts_with("running"));
+    assert!(state_of(&net, "node-1").starts_with("paused"));
+    assert!(net.cli("resume", &["node-1"]).status.success());
+    assert!(state_of(&net, "node-1").starts_with("running"));
 
     assert!(net.cli("kill", &["2"]).status.success());
-    assert_eq!(state_of(&net, "node2"), "exited 137");
+    assert_eq!(state_of(&net, "node-2"), "exited 137");
     let status = net.cli("status", &[]);
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(
-        text.contains("node2") && text.contains("exited 137"),
+        text.contains("node-2") && text.contains("exited 137"),
         "{text}"
     );
     assert!(text.contains(&ip(0)), "status shows addresses: {text}");

@@ -60,7 +60,7 @@ fn compose_file_for_a_custom_profile_is_valid_compose() {
     assert_eq!(
         text.matches("SLOWMO_DELAY_MS").count(),
         2,
-        "node0 is not delayed"
+        "node-0 is not delayed"
     );
 
     // The compose tool itself accepts the file, where one is installed.
@@ -81,7 +81,7 @@ fn compose_file_for_a_custom_profile_is_valid_compose() {
             let services = String::from_utf8_lossy(&out.stdout);
             let mut names: Vec<&str> = services.lines().collect();
             names.sort();
-            assert_eq!(names, vec!["node0", "node1", "node2"]);
+            assert_eq!(names, vec!["node-0", "node-1", "node-2"]);
         }
         Err(e) => println!("compose tool check skipped: {e}"),
     }
@@ -93,12 +93,12 @@ fn profile_command_shows_the_per_node_settings() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("[[group]]"), "prints the TOML: {text}");
-    let node3 = text.lines().find(|l| l.starts_with("# node3")).unwrap();
+    let node3 = text.lines().find(|l| l.starts_with("# node-3")).unwrap();
     assert!(
         node3.contains("0.17") && node3.contains("slow-cpu"),
         "{node3}"
     );
-    let node2 = text.lines().find(|l| l.starts_with("# node2")).unwrap();
+    let node2 = text.lines().find(|l| l.starts_with("# node-2")).unwrap();
     assert!(
         node2.contains("20.0") && node2.contains("slow-link"),
         "{node2}"

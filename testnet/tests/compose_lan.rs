@@ -23,37 +23,37 @@ fn compose_lan_trains_slowmo_sgp_to_completion() {
     let mut peers = Vec::new();
     for i in 0..4 {
         let s = net.summary(i);
-        assert_eq!(s["completed"], true, "node{i}: {s}");
-        assert_eq!(s["steps"].as_u64(), Some(STEPS), "node{i}: {s}");
+        assert_eq!(s["completed"], true, "node-{i}: {s}");
+        assert_eq!(s["steps"].as_u64(), Some(STEPS), "node-{i}: {s}");
         let loss = s["final_train_loss"].as_f64().unwrap();
-        assert!(loss.is_finite() && loss > 0.0, "node{i} loss {loss}");
+        assert!(loss.is_finite() && loss > 0.0, "node-{i} loss {loss}");
         let acc = s["test_accuracy"].as_f64().unwrap();
         assert!(
             acc > 0.5,
-            "node{i} test accuracy {acc}: SlowMo-SGP did not learn"
+            "node-{i} test accuracy {acc}: SlowMo-SGP did not learn"
         );
         assert!(
             s["bytes_sent"].as_u64().unwrap() > 0,
-            "node{i} sent nothing"
+            "node-{i} sent nothing"
         );
         assert!(
             s["bytes_received"].as_u64().unwrap() > 0,
-            "node{i} received nothing"
+            "node-{i} received nothing"
         );
         // The run really was SlowMo over SGP: slow momentum on, exact averages.
         let alg = &s["config"]["algorithm"];
-        assert_eq!(alg["base"], "sgp", "node{i} config {alg}");
-        assert_eq!(alg["slowmo"]["average"], true, "node{i} config {alg}");
+        assert_eq!(alg["base"], "sgp", "node-{i} config {alg}");
+        assert_eq!(alg["slowmo"]["average"], true, "node-{i} config {alg}");
         assert!(
             alg["slowmo"]["beta"].as_f64().is_some_and(|b| b > 0.0),
-            "node{i}: slow momentum off: {alg}"
+            "node-{i}: slow momentum off: {alg}"
         );
         ranks.push(s["rank"].as_u64().unwrap());
         peers.push(s["peer_id"].as_str().unwrap().to_string());
         assert_eq!(
             net.metrics(i).len() as u64,
             STEPS,
-            "node{i}: one metrics line per step"
+            "node-{i}: one metrics line per step"
         );
     }
     ranks.sort();

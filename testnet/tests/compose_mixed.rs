@@ -1,6 +1,6 @@
 //! The `mixed` profile shows in the metrics of a 4-node OSGP testnet with
-//! background gossip: node2's uplink is held to 20 Mbit/s while on `lan` the
-//! same node sends far faster, node3 runs under a third of the CPU quota and
+//! background gossip: node-2's uplink is held to 20 Mbit/s while on `lan` the
+//! same node sends far faster, node-3 runs under a third of the CPU quota and
 //! steps far slower, and the fast nodes (0 and 1) keep stepping within 20%
 //! of their `lan` rate, because a slow link or peer slows the gossip rounds,
 //! not the steps. Skipped only where no Docker Engine answers.
@@ -11,7 +11,7 @@ use compose_support::{Image, Testnet, docker_available, subnet, unique};
 use serde_json::Value;
 
 const STEPS: u64 = 400;
-/// The mixed profile's cap on node2's uplink, in bytes per second.
+/// The mixed profile's cap on node-2's uplink, in bytes per second.
 const CAP: f64 = 20e6 / 8.0;
 
 /// Step rate and egress bytes per second over the middle of a run (steps
@@ -58,11 +58,11 @@ fn osgp_run(image: &Image, profile: &str, slot: u32) -> Run {
     };
     for i in 0..4 {
         let s = net.summary(i);
-        assert_eq!(s["completed"], true, "{profile} node{i}: {s}");
+        assert_eq!(s["completed"], true, "{profile} node-{i}: {s}");
         let (rate, egress) = middle_rates(&net.metrics(i));
         run.steps_per_s.push(rate);
         run.egress.push(egress);
-        let shaping = net.results().join(format!("node{i}/shaping.txt"));
+        let shaping = net.results().join(format!("node-{i}/shaping.txt"));
         run.shaping.push(std::fs::read_to_string(shaping).unwrap());
     }
     println!(
@@ -83,20 +83,20 @@ fn compose_mixed_profile_shows_in_the_metrics() {
     let lan = osgp_run(&image, "lan", 0);
     let mixed = osgp_run(&image, "mixed", 1);
 
-    // node2: unshaped on lan, held to its 20 Mbit/s uplink on mixed.
+    // node-2: unshaped on lan, held to its 20 Mbit/s uplink on mixed.
     assert!(
         !lan.shaping[2].contains("tbf"),
-        "lan shapes node2:\n{}",
+        "lan shapes node-2:\n{}",
         lan.shaping[2]
     );
     assert!(
         mixed.shaping[2].contains("tbf"),
-        "mixed does not shape node2:\n{}",
+        "mixed does not shape node-2:\n{}",
         mixed.shaping[2]
     );
     assert!(
         lan.egress[2] > 1.5 * CAP,
-        "on lan node2 sends only {:.2} MB/s: the 20 Mbit/s cap would not bind",
+        "on lan node-2 sends only {:.2} MB/s: the 20 Mbit/s cap would not bind",
         lan.egress[2] / 1e6
     );
     // The metrics count bytes when a writer hands them to the kernel: the
@@ -105,10 +105,10 @@ fn compose_mixed_profile_shows_in_the_metrics() {
     // runs up to about a third ahead of the wire.
     assert!(
         mixed.egress[2] <= 1.6 * CAP,
-        "node2 sends {:.2} MB/s through a 20 Mbit/s (2.5 MB/s) link",
+        "node-2 sends {:.2} MB/s through a 20 Mbit/s (2.5 MB/s) link",
         mixed.egress[2] / 1e6
     );
-    // node3: a third of an ordinary node's CPU quota (cgroup v1 or v2).
+    // node-3: a third of an ordinary node's CPU quota (cgroup v1 or v2).
     let quota = |shaping: &str| -> f64 {
         let line = shaping
             .lines()
@@ -133,14 +133,14 @@ fn compose_mixed_profile_shows_in_the_metrics() {
     // The slow node steps far slower; the fast ones keep their lan pace.
     assert!(
         mixed.steps_per_s[3] < 0.6 * lan.steps_per_s[3],
-        "node3 under a third of the CPU steps at {:.2}/s, on lan at {:.2}/s",
+        "node-3 under a third of the CPU steps at {:.2}/s, on lan at {:.2}/s",
         mixed.steps_per_s[3],
         lan.steps_per_s[3]
     );
     for i in [0, 1] {
         assert!(
             mixed.steps_per_s[i] >= 0.8 * lan.steps_per_s[i],
-            "fast node{i} steps at {:.2}/s on mixed against {:.2}/s on lan: the stragglers held it back",
+            "fast node-{i} steps at {:.2}/s on mixed against {:.2}/s on lan: the stragglers held it back",
             mixed.steps_per_s[i],
             lan.steps_per_s[i]
         );

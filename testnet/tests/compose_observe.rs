@@ -117,7 +117,7 @@ fn compose_nodes_publish_their_metrics_on_the_host() {
     for (i, text) in seen.iter().enumerate() {
         let text = text
             .as_ref()
-            .unwrap_or_else(|| panic!("node{i}: no scrape on 127.0.0.1:{}", port + i as u16));
+            .unwrap_or_else(|| panic!("node-{i}: no scrape on 127.0.0.1:{}", port + i as u16));
         assert_eq!(sample(text, "slowmo_view_size"), Some(2.0), "{text}");
         assert!(text.contains("libp2p_swarm_connections_established_total"));
     }

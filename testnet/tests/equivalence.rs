@@ -93,3 +93,23 @@ const UNSTABLE_LR: &str = "0.05";
 fn testnet_matches_simulator_through_an_unstable_learning_rate() {
     check(&["--preset", "local-sgd", "--tau", "6", "--lr", UNSTABLE_LR]);
 }
+
+/// Compressed gossip is the same code in both transports: SlowMo over SGP
+/// with int8 and top-k shares, and over OSGP with int8, give the
+/// simulator's bytes.
+#[test]
+fn testnet_matches_simulator_with_compressed_gossip() {
+    for codec in ["int8", "topk:0.05"] {
+        check(&[
+            "--base",
+            "sgp",
+            "--beta",
+            "0.5",
+            "--tau",
+            "6",
+            "--compress",
+            codec,
+        ]);
+    }
+    check(&["--preset", "sgp", "--compress", "bf16"]);
+}

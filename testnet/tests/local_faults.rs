@@ -295,9 +295,78 @@ fn resume_after_every_node_was_killed_gives_the_uninterrupted_parameters() {
             "node-{i} began at {first}"
         );
     }
-    // Settings that differ from the earlier run's are refused up front.
-    let run = local(&broken, steps + 1, "", &resume);
+    // Settings that differ from the earlier run's are refused up front,
+    // each named with both values.
+    let mut other = resume.clone();
+    other.extend(["--lr", "0.02"]);
+    let run = local(&broken, steps, "", &other);
     let t = text(&run);
     assert_eq!(run.status.code(), Some(1), "{t}");
-    assert!(t.contains("--resume") && t.contains("differs"), "{t}");
+    assert!(
+        t.contains("--resume: the settings differ") && t.contains("`lr` was 0.01, is 0.02"),
+        "{t}"
+    );
+}
+
+/// Seconds since the epoch of a log line's timestamp
+/// (`2026-12-02T16:45:37.251642Z ...`, UTC).
+fn log_time(line: &str) -> Option<f64> {
+    let stamp = line.split_whitespace().next()?.strip_suffix('Z')?;
+    let (date, time) = stamp.split_once('T')?;
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    let t: Vec<f64> = time
+        .split(':')
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    let (y, m, day) = (d[0] - i64::from(d[1] <= 2), d[1], d[2]);
+    // Days since 1970-01-01 of a proleptic Gregorian date.
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + t[0] * 3600.0 + t[1] * 60.0 + t[2])
+}
+
+#[test]
+fn a_paused_node_the_view_left_out_is_told_and_readmitted_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // Node 3 is stopped (SIGSTOP) at step 100; the others wait out the
+    // peer timeout (5 s), go on in a view of three and hold at step 300
+    // until it runs again (SIGCONT). Told that it was left out, it asks to
+    // join at once and is admitted at the members' next barrier: it used to
+    // find out through timeouts of its own, peer timeouts later.
+    let run = local(&out, 3000, "pause 3@100; resume 3@300", &[]);
+    let t = text(&run);
+    assert!(run.status.success(), "{t}");
+    for (i, f) in fates(&out).iter().enumerate() {
+        assert_eq!(f["fate"], "finished", "node-{i}: {f}\n{t}");
+    }
+    let resumed = events(&out)
+        .into_iter()
+        .find(|e| e["action"] == "resume" && e["target"] == "node-3")
+        .and_then(|e| e["unix"].as_f64())
+        .unwrap_or_else(|| panic!("no resume event\n{t}"));
+    let log = std::fs::read_to_string(out.join("node-3/node.log")).unwrap();
+    let admitted = log
+        .lines()
+        .filter(|l| l.contains("admitted to view"))
+        .find_map(log_time)
+        .unwrap_or_else(|| panic!("node-3 was not admitted again:\n{log}"));
+    let after = admitted - resumed;
+    assert!(
+        (0.0..4.0).contains(&after),
+        "node-3 was admitted {after:.1} s after it resumed:\n{log}"
+    );
+    let s = summary(&out, 3);
+    assert!(
+        s["view_changes"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|c| c["rejoined"] == true && c["world"] == 4)),
+        "{s}"
+    );
 }

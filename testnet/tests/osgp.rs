@@ -1,6 +1,9 @@
 //! OSGP over a local testnet of real `slowmo node` processes converges with
-//! staleness 1 and 2: every node finishes, nothing is lost (weights stay
-//! positive and finite), and the train loss ends well below where it began.
+//! staleness 1 and 2: every node finishes, shares really are mixed late
+//! (weights leave 1, which synchronous gossip never does here), nothing is
+//! lost (the drained weights sum to the number of nodes, and the final
+//! average is sum(x) / sum(w) of the drained state), and the train loss ends
+//! well below where it began.
 
 use std::path::Path;
 use std::process::Command;
@@ -55,6 +58,22 @@ fn osgp_testnet(
         .collect()
 }
 
+/// Sum of every value of a safetensors file of f32 tensors.
+fn params_sum(path: &Path) -> f64 {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut sum = 0.0;
+    for (name, t) in file.tensors() {
+        assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
+        sum += t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .sum::<f64>();
+    }
+    sum
+}
+
 fn converges_with_staleness(staleness: u64) {
     let dir = tempfile::tempdir().unwrap();
     let steps = 200;
@@ -64,6 +83,7 @@ fn converges_with_staleness(staleness: u64) {
         steps,
         &["--staleness", &staleness_flag],
     );
+    let mut late_shares = 0;
     for (node, (dir, summary)) in nodes.iter().enumerate() {
         assert_eq!(summary["steps"], steps, "node {node}");
         assert_eq!(summary["config"]["algorithm"]["staleness"], staleness);
@@ -80,6 +100,12 @@ fn converges_with_staleness(staleness: u64) {
                 "node {node} step {step}: push-sum weight {w}"
             );
         }
+        // With a staleness bound a call returns before the shares of its
+        // own round are in, so a share of round k is mixed after step k and
+        // the recorded weight leaves 1. The 1-peer exponential graph of 4
+        // nodes is regular and halves every weight: with every share in by
+        // the end of its step (staleness 0) every weight is exactly 1.
+        late_shares += records.iter().filter(|r| r.2 != 1.0).count();
         let first: f64 = records[..10].iter().map(|r| r.1).sum::<f64>() / 10.0;
         let last = summary["final_train_loss"].as_f64().unwrap();
         assert!(
@@ -88,6 +114,46 @@ fn converges_with_staleness(staleness: u64) {
         );
         let accuracy = summary["test_accuracy"].as_f64().unwrap();
         assert!(accuracy > 0.5, "node {node}: averaged accuracy {accuracy}");
+    }
+    println!("staleness {staleness}: {late_shares} records with a share still in flight");
+    assert!(
+        late_shares > 0,
+        "staleness {staleness}: every share was in by the end of its step, as with staleness 0"
+    );
+    check_mass_and_average(&nodes);
+}
+
+/// The drained push-sum state loses no mass: the weights sum to the number
+/// of nodes, and every node's final parameters (the exact average) sum to
+/// `sum_i x_i / sum_i w_i` of that state (`sum_i x_i = w_i * params_sum_i`).
+fn check_mass_and_average(nodes: &[(std::path::PathBuf, serde_json::Value)]) {
+    let m = nodes.len() as f64;
+    let (mut total_w, mut total_x) = (0.0, 0.0);
+    let mut state = Vec::new();
+    for (node, (_, summary)) in nodes.iter().enumerate() {
+        let w = summary["push_sum_weight"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("node {node}: no push_sum_weight in {summary}"));
+        let z = summary["params_sum"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("node {node}: no params_sum in {summary}"));
+        assert!(w.is_finite() && w > 0.0, "node {node}: drained weight {w}");
+        total_w += w;
+        total_x += w * z;
+        state.push((w, z));
+    }
+    assert!(
+        (total_w - m).abs() < 1e-9,
+        "the drained weights sum to {total_w}, not {m}: mass was lost or made"
+    );
+    let expected = total_x / total_w;
+    for (node, (dir, _)) in nodes.iter().enumerate() {
+        let got = params_sum(&dir.join("params.safetensors"));
+        assert!(
+            (got - expected).abs() <= 1e-4 * (1.0 + expected.abs()),
+            "node {node}: the final average sums to {got}, sum(x)/sum(w) of the drained \
+             state to {expected} (weight, parameter sum of each node: {state:?})"
+        );
     }
 }
 
@@ -128,10 +194,11 @@ fn osgp_with_background_gossip_over_the_testnet_converges_and_loses_no_mass() {
             last < 0.6 * first,
             "node {node}: train loss {first:.3} -> {last:.3} (mean of ten steps)"
         );
-        // The drain at the end added every share, so every node evaluates
-        // the same exact average of all the mass.
         accuracies.push(summary["test_accuracy"].as_f64().unwrap());
     }
+    // The drain at the end added every share: the weights hold all the mass
+    // and the final average is that of all of it.
+    check_mass_and_average(&nodes);
     println!("gossip rounds started by step {steps}: {rounds:?}");
     assert!(accuracies[0] > 0.5, "averaged accuracy {accuracies:?}");
     assert!(

@@ -25,6 +25,7 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "analysis")]
 pub mod analysis;
 pub mod cycling;
 pub mod edgelist;
@@ -32,6 +33,7 @@ pub mod explicit;
 pub mod exponential;
 pub mod mixing;
 pub mod random;
+#[cfg(feature = "analysis")]
 pub mod report;
 pub mod spec;
 pub mod structured;
@@ -40,7 +42,7 @@ pub use cycling::CyclingHops;
 pub use explicit::ExplicitGraph;
 pub use exponential::DirectedExponential;
 pub use mixing::MixingMatrix;
-pub use spec::{GraphKind, GraphSpec, build};
+pub use spec::{GraphKind, GraphSpec, build, peers_clamped};
 pub use structured::{Structured, StructuredKind};
 
 /// Errors building or querying a graph.
@@ -106,6 +108,22 @@ pub trait Topology: Send + Sync + std::fmt::Debug {
     /// `i` of `j`, so it is column-stochastic (mass is conserved).
     fn mixing_matrix(&self, round: u64) -> MixingMatrix {
         MixingMatrix::from_topology(self, round)
+    }
+
+    /// Every rank `rank` sends to or receives from in some round of one
+    /// period, sorted: the peers it needs a link to. The relation is
+    /// symmetric (`b` is a neighbour of `a` exactly when `a` is one of `b`).
+    fn neighbours(&self, rank: usize) -> Vec<usize> {
+        let mut all: Vec<usize> = (0..self.period().max(1))
+            .flat_map(|t| {
+                let mut p = self.out_peers(rank, t);
+                p.extend(self.in_peers(rank, t));
+                p
+            })
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
     }
 }
 

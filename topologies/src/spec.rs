@@ -324,6 +324,28 @@ impl TryFrom<String> for GraphSpec {
     }
 }
 
+/// When `spec` asks for more out-peers per round than its graph of `size`
+/// nodes has, what each round really sends to, as a note naming the
+/// setting (a run logs it: the graph is still the one asked for, only
+/// smaller). `None` when it does not, or the graph cannot be built.
+pub fn peers_clamped(spec: &GraphSpec, size: usize) -> Option<String> {
+    if spec.peers <= 1 || size <= 1 {
+        return None;
+    }
+    let topology = build(spec, size).ok()?;
+    let used = (0..topology.period().clamp(1, 64))
+        .map(|k| topology.out_peers(0, k).len())
+        .max()
+        .unwrap_or(0);
+    (used < spec.peers).then(|| {
+        format!(
+            "--peers {}: the {} graph of {size} nodes has {used} out-peers per round at most, \
+             so each round sends to {used}",
+            spec.peers, spec.kind
+        )
+    })
+}
+
 /// Builds the graph `spec` describes over `size` ranks (ranks `0..size`).
 ///
 /// Errors: `size == 0`, a size the graph does not exist for (hypercube of 12,
@@ -360,6 +382,19 @@ pub fn build(spec: &GraphSpec, size: usize) -> Result<Box<dyn Topology>, Topolog
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn more_peers_than_the_graph_has_are_named() {
+        let spec: GraphSpec = "exponential,peers=100".parse().unwrap();
+        let note = peers_clamped(&spec, 4).unwrap();
+        assert!(
+            note.starts_with("--peers 100: the exponential graph of 4 nodes"),
+            "{note}"
+        );
+        let fits: GraphSpec = "exponential,peers=2".parse().unwrap();
+        assert_eq!(peers_clamped(&fits, 16), None);
+        assert_eq!(peers_clamped(&"ring".parse().unwrap(), 4), None);
+    }
 
     #[test]
     fn names_round_trip() {

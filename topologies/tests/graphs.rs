@@ -336,3 +336,36 @@ fn analysis_reports_degrees_and_bytes() {
     assert_eq!(slow.rounds_to_epsilon, None);
     assert!(slow.final_error > 1e-4);
 }
+
+#[test]
+fn neighbours_are_symmetric_and_cover_every_round() {
+    for name in GRAPHS {
+        for n in [1usize, 2, 5, 8, 13, 96] {
+            if !exists(name, n) {
+                continue;
+            }
+            let g = graph(name, n);
+            let nb: Vec<Vec<usize>> = (0..n).map(|r| g.neighbours(r)).collect();
+            for (a, list) in nb.iter().enumerate() {
+                assert!(!list.contains(&a), "{name} n={n}: {a} is its own neighbour");
+                for &b in list {
+                    assert!(
+                        nb[b].contains(&a),
+                        "{name} n={n}: {b} in N({a}) but not {a} in N({b})"
+                    );
+                }
+                for t in 0..g.period() {
+                    for p in g.out_peers(a, t).into_iter().chain(g.in_peers(a, t)) {
+                        assert!(
+                            list.contains(&p),
+                            "{name} n={n}: round {t} peer {p} of {a} missing"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // The default graph at 96 nodes: hops 1..64 each way, +-32 and +64 = -32
+    // coinciding: 12 peers.
+    assert_eq!(graph("exponential", 96).neighbours(0).len(), 12);
+}

@@ -16,8 +16,17 @@ pub(crate) trait ShareSink {
     /// The push-sum ledger the sent shares are counted in.
     fn ledger(&mut self) -> &mut Ledger;
     /// Scales `x` by `p` in place and returns the share of `round` every
-    /// out-peer gets (`w` is the weight it carries, already scaled).
-    fn scale_and_encode(&mut self, round: u64, x: &mut [f32], p: f32, w: f64) -> Self::Share;
+    /// out-peer gets (`w` is the weight it carries, already scaled). Under
+    /// compression `x` keeps `x - out_peers * D(Q(p x))` instead
+    /// ([`crate::compress::encode_share`]).
+    fn scale_and_encode(
+        &mut self,
+        round: u64,
+        x: &mut [f32],
+        p: f32,
+        out_peers: usize,
+        w: f64,
+    ) -> Self::Share;
     /// Hands `share` of `round` with weight `w` to `peer`.
     fn send_share(
         &mut self,
@@ -37,7 +46,7 @@ pub(crate) fn check_round(
 ) -> Result<(), CommError> {
     for (what, ranks) in [("out-peer", round.out_peers), ("in-peer", round.in_peers)] {
         if let Some(r) = ranks.iter().find(|r| **r >= size || **r == rank) {
-            return Err(CommError::Other(format!(
+            return Err(CommError::Misuse(format!(
                 "push-sum round {}: {what} rank {r} is ourselves or outside 0..{size}",
                 round.round
             )));
@@ -60,7 +69,8 @@ pub(crate) fn send_half<S: ShareSink>(
     };
     let p = push_sum_share(round.out_peers.len());
     *w *= p;
-    let share = sink.scale_and_encode(round.round, x, p as f32, *w);
+    let out = round.out_peers.len();
+    let share = sink.scale_and_encode(round.round, x, p as f32, out, *w);
     for &peer in others {
         sink.send_share(peer, round.round, share.clone(), *w)?;
     }

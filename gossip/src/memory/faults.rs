@@ -4,8 +4,9 @@
 //! ```text
 //! kill 3@200; restart 3@400; partition 0-3|4-7@300..500
 //! ```
-//! The script is exact, so a run replays bit for bit. The next view is
-//! decided by [`crate::view_rule::decide`], the rule the libp2p transport
+//! The grammar is the run's ([`slowmo_runspec::faults`]); this board plays
+//! the simulator's part of it ([`SimScript`]). The script is exact, so a
+//! run replays bit for bit. The next view is decided by [`crate::view_rule::decide`], the rule the libp2p transport
 //! calls too (docs/algorithm.md, "Membership"): the survivors keep their
 //! order, joiners take the ranks after them in worker-id order.
 //! - `kill W@S`: worker W dies as it begins base step S; every other member
@@ -20,263 +21,13 @@
 //!   is admitted again at the first barrier at or after step E.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Handout, lock};
 use crate::view_rule::{Decision, decide, has_quorum};
 use crate::{Admission, CommError, NewView, ViewChange};
-
-/// One scripted fault.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fault {
-    Kill {
-        worker: usize,
-        step: u64,
-    },
-    Restart {
-        worker: usize,
-        step: u64,
-    },
-    /// A worker that was not there at the start (its id counts on from
-    /// the run's workers) asks to join; it is admitted like a restart.
-    Join {
-        worker: usize,
-        step: u64,
-    },
-    Partition {
-        sides: Vec<Vec<usize>>,
-        from: u64,
-        until: u64,
-    },
-}
-
-/// The faults of a run, in the order written.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FaultScript {
-    pub faults: Vec<Fault>,
-}
-
-/// Most workers a script may add with `join`.
-pub const MAX_JOINS: usize = 64;
-
-fn parse_worker(text: &str, workers: usize) -> Result<usize, String> {
-    let w: usize = text
-        .trim()
-        .parse()
-        .map_err(|e| format!("worker `{text}`: {e}"))?;
-    if w >= workers {
-        return Err(format!("worker {w} is not below the {workers} workers"));
-    }
-    Ok(w)
-}
-
-fn parse_step(text: &str) -> Result<u64, String> {
-    text.trim()
-        .parse()
-        .map_err(|e| format!("step `{text}`: {e}"))
-}
-
-/// `0-3` or `0,2,5` or `4`.
-fn parse_side(text: &str, workers: usize) -> Result<Vec<usize>, String> {
-    let mut out = Vec::new();
-    for part in text.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b) = (parse_worker(a, workers)?, parse_worker(b, workers)?);
-                if a > b {
-                    return Err(format!("range {a}-{b} runs backwards"));
-                }
-                out.extend(a..=b);
-            }
-            None => out.push(parse_worker(part, workers)?),
-        }
-    }
-    Ok(out)
-}
-
-impl FaultScript {
-    /// Parses `kill W@S; restart W@S; partition A|B@S..E` (statements
-    /// separated by `;` or new lines) for a run of `workers`, and checks it:
-    /// a restart follows a kill of the same worker, partition sides are
-    /// disjoint and cover every worker, windows are not empty, no two faults
-    /// overlap in a way the rules do not define.
-    pub fn parse(text: &str, workers: usize) -> Result<Self, String> {
-        let mut faults = Vec::new();
-        for stmt in text.split([';', '\n']).map(str::trim) {
-            if stmt.is_empty() || stmt.starts_with('#') {
-                continue;
-            }
-            let (verb, rest) = stmt.split_once(char::is_whitespace).ok_or_else(|| {
-                format!(
-                    "`{stmt}`: expected `kill W@S`, `restart W@S`, `join W@S` or \
-                     `partition A|B@S..E`"
-                )
-            })?;
-            let (what, when) = rest
-                .rsplit_once('@')
-                .ok_or_else(|| format!("`{stmt}`: no `@STEP`"))?;
-            let fault = match verb {
-                "kill" => Fault::Kill {
-                    worker: parse_worker(what, workers + MAX_JOINS)?,
-                    step: parse_step(when)?,
-                },
-                "restart" => Fault::Restart {
-                    worker: parse_worker(what, workers + MAX_JOINS)?,
-                    step: parse_step(when)?,
-                },
-                "join" => Fault::Join {
-                    worker: parse_worker(what, workers + MAX_JOINS)?,
-                    step: parse_step(when)?,
-                },
-                "partition" => {
-                    let sides = what
-                        .split('|')
-                        .map(|s| parse_side(s, workers))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let (from, until) = when
-                        .split_once("..")
-                        .ok_or_else(|| format!("`{stmt}`: a partition needs `@FROM..UNTIL`"))?;
-                    Fault::Partition {
-                        sides,
-                        from: parse_step(from)?,
-                        until: parse_step(until)?,
-                    }
-                }
-                other => return Err(format!("`{stmt}`: unknown fault `{other}`")),
-            };
-            faults.push(fault);
-        }
-        let script = Self { faults };
-        script.check(workers)?;
-        Ok(script)
-    }
-
-    fn check(&self, workers: usize) -> Result<(), String> {
-        let mut killed: HashMap<usize, u64> = HashMap::new();
-        // Workers that exist so far: those of the start, then the joins.
-        let mut known = workers;
-        let mut joined_at: HashMap<usize, u64> = HashMap::new();
-        let exists = |w: usize, known: usize| {
-            if w < known {
-                Ok(())
-            } else {
-                Err(format!(
-                    "worker {w} is not below the {workers} workers (nor added by an earlier \
-                     `join`)"
-                ))
-            }
-        };
-        for f in &self.faults {
-            match f {
-                Fault::Join { worker, step } => {
-                    if *worker != known {
-                        return Err(format!(
-                            "join {worker}@{step}: a joining worker counts on from the \
-                             {known} before it (`join {known}@...`)"
-                        ));
-                    }
-                    known += 1;
-                    joined_at.insert(*worker, *step);
-                }
-                Fault::Kill { worker, step } => {
-                    exists(*worker, known)?;
-                    if let Some(j) = joined_at.get(worker) {
-                        return Err(format!(
-                            "kill {worker}@{step}: worker {worker} joins at step {j}; the \
-                             simulator kills only workers that were there from the start"
-                        ));
-                    }
-                    if *step == 0 {
-                        return Err(format!(
-                            "kill {worker}@0: a worker dies at step 1 at the earliest"
-                        ));
-                    }
-                    if killed.insert(*worker, *step).is_some() {
-                        return Err(format!("worker {worker} is killed twice"));
-                    }
-                }
-                Fault::Restart { worker, step } => match killed.remove(worker) {
-                    _ if *worker >= known => exists(*worker, known)?,
-                    Some(k) if k < *step => {}
-                    _ => {
-                        return Err(format!(
-                            "restart {worker}@{step} needs an earlier `kill {worker}@S`"
-                        ));
-                    }
-                },
-                Fault::Partition { sides, from, until } => {
-                    if from >= until || *from == 0 {
-                        return Err(format!(
-                            "partition window {from}..{until} is empty or starts at 0"
-                        ));
-                    }
-                    if sides.len() != 2 {
-                        return Err(format!("a partition has two sides, not {}", sides.len()));
-                    }
-                    let mut all: Vec<usize> = sides.concat();
-                    all.sort_unstable();
-                    let n = all.len();
-                    all.dedup();
-                    if all.len() != n || n != workers {
-                        return Err(format!(
-                            "partition sides must be disjoint and cover all {workers} workers"
-                        ));
-                    }
-                }
-            }
-        }
-        if self.faults.len() > 1
-            && self
-                .faults
-                .iter()
-                .any(|f| matches!(f, Fault::Partition { .. }))
-        {
-            return Err("a partition cannot be combined with other faults in one script".into());
-        }
-        Ok(())
-    }
-
-    /// Workers that take part from the start.
-    pub fn joiners(&self) -> Vec<usize> {
-        self.faults
-            .iter()
-            .filter_map(|f| match f {
-                Fault::Restart { worker, .. } | Fault::Join { worker, .. } => Some(*worker),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
-impl fmt::Display for FaultScript {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let side = |s: &[usize]| {
-            s.iter()
-                .map(|w| w.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let parts: Vec<String> = self
-            .faults
-            .iter()
-            .map(|x| match x {
-                Fault::Kill { worker, step } => format!("kill {worker}@{step}"),
-                Fault::Restart { worker, step } => format!("restart {worker}@{step}"),
-                Fault::Join { worker, step } => format!("join {worker}@{step}"),
-                Fault::Partition { sides, from, until } => {
-                    format!(
-                        "partition {}|{}@{from}..{until}",
-                        side(&sides[0]),
-                        side(&sides[1])
-                    )
-                }
-            })
-            .collect();
-        write!(f, "{}", parts.join("; "))
-    }
-}
+use slowmo_runspec::faults::{SimFault, SimScript};
 
 /// A change being agreed on.
 struct Pending {
@@ -322,7 +73,7 @@ fn still_member(st: &BoardState, id: usize) -> Result<(), CommError> {
 
 /// What the workers of a faulted run share.
 pub(crate) struct Board {
-    script: FaultScript,
+    script: SimScript,
     timeout: Duration,
     build: Box<dyn Fn(usize) -> Vec<Handout> + Send + Sync>,
     state: Mutex<BoardState>,
@@ -331,7 +82,7 @@ pub(crate) struct Board {
 
 impl Board {
     pub fn new(
-        script: FaultScript,
+        script: SimScript,
         workers: usize,
         timeout: Duration,
         build: Box<dyn Fn(usize) -> Vec<Handout> + Send + Sync>,
@@ -377,7 +128,7 @@ impl Board {
                 continue;
             }
             match f {
-                Fault::Kill { worker, step: s } if *s <= step => {
+                SimFault::Kill { worker, step: s } if *s <= step => {
                     if *worker == id {
                         return Err(CommError::Closed(format!(
                             "worker {id} killed by the fault script at step {s}"
@@ -391,7 +142,7 @@ impl Board {
                         });
                     }
                 }
-                Fault::Partition { from, .. } if *from <= step => {
+                SimFault::Partition { from, .. } if *from <= step => {
                     return Err(CommError::ViewChanging(format!(
                         "a partition began at step {from}"
                     )));
@@ -406,7 +157,7 @@ impl Board {
     /// is not its restarted incarnation).
     fn check_killed(&self, id: usize, step: u64, restarted: bool) -> Result<(), CommError> {
         for f in &self.script.faults {
-            if let Fault::Kill { worker, step: s } = f
+            if let SimFault::Kill { worker, step: s } = f
                 && *worker == id
                 && *s <= step
                 && !restarted
@@ -436,7 +187,7 @@ impl Board {
                 // (While the change that loses it is still agreed on, it
                 // computes on to its step: the others may wait for its
                 // shares of the steps before.)
-                if let Fault::Kill { worker, step } = f
+                if let SimFault::Kill { worker, step } = f
                     && *worker == id
                     && st.done.contains(&i)
                     && !st.pending.as_ref().is_some_and(|p| p.lost.contains(&id))
@@ -464,7 +215,7 @@ impl Board {
     fn admissible(&self, st: &BoardState, steps: u64) -> BTreeSet<usize> {
         let mut out = BTreeSet::new();
         for (i, f) in self.script.faults.iter().enumerate() {
-            if let Fault::Restart { worker, step } | Fault::Join { worker, step } = f
+            if let SimFault::Restart { worker, step } | SimFault::Join { worker, step } = f
                 && !st.done.contains(&i)
                 && *step <= steps
                 && !st.members.contains(worker)
@@ -490,11 +241,11 @@ impl Board {
                 continue;
             }
             match f {
-                Fault::Kill { worker, step } if *step <= steps => {
+                SimFault::Kill { worker, step } if *step <= steps => {
                     lost.insert(*worker);
                     st.done.insert(i);
                 }
-                Fault::Partition { sides, from, until } if *from <= steps => {
+                SimFault::Partition { sides, from, until } if *from <= steps => {
                     // The sides cover every worker, so exactly one holds
                     // the quorum of the view; the other pauses.
                     let live = |side: &Vec<usize>| -> Vec<usize> {
@@ -513,7 +264,7 @@ impl Board {
                     }
                     st.done.insert(i);
                 }
-                Fault::Restart { worker, step } | Fault::Join { worker, step }
+                SimFault::Restart { worker, step } | SimFault::Join { worker, step }
                     if *step <= steps && !st.members.contains(worker) =>
                 {
                     joiners.insert(*worker);
@@ -557,7 +308,7 @@ impl Board {
         while !done(&st) {
             let left = (started + self.timeout).saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(CommError::Other(format!(
+                return Err(CommError::RunStopped(format!(
                     "the simulated membership change timed out after {:?} waiting for {what}",
                     self.timeout
                 )));
@@ -626,10 +377,9 @@ impl Board {
         } else {
             st = self.wait(st, started, "the other members' reports", |s| s.view > view)?;
         }
-        let (nv, handout) = st
-            .built
-            .remove(&id)
-            .ok_or_else(|| CommError::Other(format!("worker {id} has no place in the new view")))?;
+        let (nv, handout) = st.built.remove(&id).ok_or_else(|| {
+            CommError::Protocol(format!("worker {id} has no place in the new view"))
+        })?;
         Ok((ViewChange::Member(nv), handout))
     }
 
@@ -640,7 +390,7 @@ impl Board {
         let next = match decide(&st.members, &reports, &joiners, |w| *w) {
             Decision::Go(next) => next,
             Decision::NoQuorum { reachable, of } => {
-                return Err(CommError::Other(format!(
+                return Err(CommError::RunStopped(format!(
                     "the fault script leaves {reachable} of {of} workers in no side with a \
                      quorum"
                 )));

@@ -65,7 +65,7 @@ struct Collective<'a> {
 impl Collective<'_> {
     /// A chunk that cannot come from a correct in-process peer.
     fn out_of_step(&self, from: Rank, reason: &str) -> CommError {
-        CommError::Other(format!(
+        CommError::Protocol(format!(
             "{} {}: from rank {from}: {reason}",
             self.operation, self.ends.seq
         ))

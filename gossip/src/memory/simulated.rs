@@ -22,6 +22,7 @@
 //! Every answer is a function of the seed and the clocks, never of thread
 //! scheduling, so a run replays bit for bit.
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -247,8 +248,4 @@ impl Drop for Simulated {
         // Others waiting for this worker's messages learn it sends no more.
         self.board().finish(self.rank);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -219,9 +219,7 @@ impl RunKey {
         if public_key_text(&keypair.public()) != file.public.trim() {
             return Err(bad("`public` does not belong to `secret`".into()));
         }
-        if file.run_id.is_empty() {
-            return Err(bad("`run_id` is empty".into()));
-        }
+        super::run_id::check_run_id(&file.run_id).map_err(|e| bad(format!("`run_id`: {e}")))?;
         Ok(Self {
             run_id: file.run_id,
             keypair,

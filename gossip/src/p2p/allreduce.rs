@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 use super::links::{Link, Outgoing};
 use super::payload::{add_bytes, copy_bytes, encode_for};
 use super::state::{ReduceMsg, Shared, View};
+use super::wait::{Stopped, block_on_active};
 use super::wire::{DType, Header, Kind, Reject, WIRE_VERSION, encode_header};
-use super::{Stopped, block_on_active};
 use crate::ring::{ChunkHeader, Expected, Links, Phase, all_reduce};
 use crate::{CommError, Rank};
 
@@ -43,6 +43,8 @@ pub(crate) struct Ring<'a> {
     pub early: &'a mut Vec<ReduceMsg>,
     pub seq: u64,
     pub operation: &'static str,
+    /// Whether the frames go over the data lane (its payload layout).
+    pub lane: bool,
 }
 
 impl Ring<'_> {
@@ -142,7 +144,7 @@ impl Ring<'_> {
             payload: Arc::new(payload),
         };
         let Some(Some(link)) = self.links.get(to) else {
-            return Err(CommError::Other(format!(
+            return Err(CommError::Misuse(format!(
                 "{} {}: no all-reduce link to rank {to}",
                 self.operation, self.seq
             )));
@@ -192,7 +194,7 @@ impl Ring<'_> {
 /// The error of a rank to which rank `from` sent a frame of another kind of
 /// collective under our sequence number.
 fn other_collective(operation: &str, seq: u64, from: Rank, kind: Kind) -> CommError {
-    CommError::Other(format!(
+    CommError::Protocol(format!(
         "{operation} {seq}: rank {from} sent a {kind:?} frame: the ranks called collectives in \
          different orders"
     ))
@@ -267,8 +269,7 @@ impl Links for Ring<'_> {
     type Chunk = Vec<u8>;
 
     fn send(&mut self, to: Rank, chunk: ChunkHeader, values: &[f32]) -> Result<(), CommError> {
-        let lane = self.shared.lanes.get().is_some();
-        let (payload, sum) = encode_for(lane, values, self.shared.pool.take(4 * values.len()));
+        let (payload, sum) = encode_for(self.lane, values, self.shared.pool.take(4 * values.len()));
         let header = Header {
             weight: chunk.scalar,
             offset: chunk.offset as u64,

@@ -7,8 +7,10 @@
 //! - the swarm closes a connection after 10 s without streams: a node that
 //!   spends minutes in a forward pass would lose its peers, so the idle
 //!   timeout is an hour (ping and QUIC keep-alives keep links warm);
-//! - QUIC's 10 s idle timeout and 10 MB stream / 15 MB connection windows
-//!   become twice the peer timeout (at least a minute) and 32 / 128 MiB, so a
+//! - QUIC's 10 s idle timeout becomes the peer timeout (at least 3 s) with a
+//!   keep-alive every second: a live peer never goes idle, a dead one's
+//!   connection closes after the peer timeout (a suspicion); its 10 MB
+//!   stream / 15 MB connection windows become 32 / 128 MiB, so a
 //!   model-sized share streams at link speed;
 //! - yamux 0.14 already auto-tunes stream windows up to 1 GiB per connection
 //!   (there is nothing to raise; the old fixed 256 KiB window is gone).
@@ -29,9 +31,10 @@ use libp2p::{
 };
 use tokio::sync::mpsc;
 
+use super::command::SwarmCmd;
 use super::config::P2pConfig;
-use super::state::lock;
 use crate::CommError;
+use crate::sync::lock;
 
 /// The protocols of a slowmo node. Our own tensor protocols run on
 /// `stream` (libp2p-stream), which hands us raw streams.
@@ -41,24 +44,6 @@ pub(crate) struct Behaviour {
     ping: ping::Behaviour,
     mdns: Toggle<mdns::tokio::Behaviour>,
     pub stream: libp2p_stream::Behaviour,
-}
-
-/// Requests to the swarm task.
-#[derive(Debug)]
-pub(crate) enum SwarmCmd {
-    /// Connect to a peer learned from a member list (no-op if connected).
-    Dial { peer: PeerId, addrs: Vec<Multiaddr> },
-    /// Close every connection to a peer.
-    Disconnect(PeerId),
-    /// Close every connection to a peer but the newest: a restarted
-    /// member's new process holds the newest, the old process's may linger
-    /// (QUIC sees no close from a killed process).
-    DropStale(PeerId),
-    /// The view is settled: stop re-dialing bootstrap addresses and mDNS
-    /// finds.
-    StopDiscovery,
-    /// Stop the swarm task.
-    Shutdown,
 }
 
 /// What the swarm task tells the membership task.
@@ -103,7 +88,7 @@ pub(crate) fn parse_addrs(what: &str, addrs: &[String]) -> Result<Vec<Multiaddr>
         .iter()
         .map(|s| {
             s.parse::<Multiaddr>()
-                .map_err(|e| CommError::Other(format!("{what}: `{s}` is not a multiaddr: {e}")))
+                .map_err(|e| CommError::Config(format!("{what}: `{s}` is not a multiaddr: {e}")))
         })
         .collect()
 }
@@ -184,6 +169,9 @@ fn behaviour(
     })
 }
 
+/// How often QUIC pings a peer it has not heard from.
+const QUIC_KEEP_ALIVE: Duration = Duration::from_secs(1);
+
 fn swarm_config(c: libp2p::swarm::Config) -> libp2p::swarm::Config {
     c.with_idle_connection_timeout(Duration::from_secs(3600))
         .with_dial_concurrency_factor(std::num::NonZeroU8::MIN)
@@ -206,13 +194,13 @@ pub(crate) fn build_swarm(
     cfg: &P2pConfig,
 ) -> Result<(Swarm<Behaviour>, Option<Metrics>), CommError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
-        CommError::Other(format!("building the libp2p swarm ({what}): {e}"))
+        CommError::Network(format!("building the libp2p swarm ({what}): {e}"))
     };
-    let idle_ms = cfg
-        .peer_timeout
-        .saturating_mul(2)
-        .max(Duration::from_secs(60))
-        .as_millis();
+    // A peer silent for the peer timeout is gone: its QUIC connection
+    // closes then, and the close makes it a suspect (while its process
+    // runs, keep-alives every second keep the connection up however long
+    // a step computes).
+    let idle_ms = cfg.peer_timeout.max(Duration::from_secs(3)).as_millis();
     let idle_ms = idle_ms.min(u32::MAX as u128) as u32;
     let mdns_on = cfg.mdns;
     let builder = libp2p::SwarmBuilder::with_existing_identity(keypair)
@@ -225,7 +213,7 @@ pub(crate) fn build_swarm(
         .map_err(|e| fail("tcp", &e))?
         .with_quic_config(move |mut q: quic::Config| {
             q.max_idle_timeout = idle_ms;
-            q.keep_alive_interval = Duration::from_secs(5);
+            q.keep_alive_interval = QUIC_KEEP_ALIVE;
             q.max_stream_data = 32 << 20;
             q.max_connection_data = 128 << 20;
             match std::env::var("SLOWMO_QUIC_MTU")

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::admission::Admission;
-use super::lane::DataLane;
+use super::run_id::check_run_id;
+use crate::Rank;
 
 /// What every member of one run shares. A peer whose identity differs in any
 /// field is refused at join, with the field named on both sides.
@@ -35,6 +36,17 @@ impl RunIdentity {
             .into_iter()
             .find(|(_, ours, theirs)| ours != theirs)
             .map(|(name, ours, theirs)| (name, ours.clone(), theirs.clone()))
+    }
+}
+
+/// The ranks a rank exchanges with in a view of a given size
+/// ([`P2pConfig::lane_peers`]).
+#[derive(Clone)]
+pub struct LanePeers(pub std::sync::Arc<dyn Fn(Rank, usize) -> Vec<Rank> + Send + Sync>);
+
+impl std::fmt::Debug for LanePeers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LanePeers(..)")
     }
 }
 
@@ -72,13 +84,19 @@ pub struct P2pConfig {
     pub run: RunIdentity,
     /// Length of the flat parameter buffer this run exchanges by push-sum.
     pub payload_floats: usize,
+    /// How push-sum shares are compressed ([`crate::compress`]): part of the
+    /// run's settings, the same on every member, so a receiver knows the
+    /// exact size of every share before reading it.
+    pub compress: crate::compress::Compression,
     /// Hard cap on one message's payload, in bytes (the CBOR header has its
     /// own small cap). Must hold one push-sum share; all-reduce messages are
     /// cut to fit.
     pub max_message_bytes: u64,
-    /// How many rounds ahead of ours a peer's push-sum share may be. Shares
-    /// further ahead are dropped and logged; so is a peer that buffers more
-    /// than this many shares with us.
+    /// The round window: how many rounds ahead of ours a peer's push-sum
+    /// share may be ([`DEFAULT_ROUND_WINDOW`] unless set). Shares further
+    /// ahead are dropped and logged; so is a peer that buffers more than
+    /// this many shares with us, or whose lane shares run more than this
+    /// many ahead of the one still missing.
     pub round_window: u64,
     /// Floats per all-reduce message: the pipeline's unit, and the bound on
     /// the extra memory each ring neighbour costs (a few chunks).
@@ -95,8 +113,14 @@ pub struct P2pConfig {
     /// lane, or libp2p streams ([`DataLane`]).
     pub data_lane: DataLane,
     /// Lane connections per direction and peer (see
-    /// [`super::lane::default_connections`]).
+    /// [`default_connections`]).
     pub lane_connections: usize,
+    /// The ranks a rank exchanges push-sum shares with in a view of the
+    /// given size (the graph's neighbours, `Topology::neighbours`): lanes
+    /// are set up to those (and to the all-reduce's ring neighbours) when a
+    /// view begins, to anyone else only if a message goes there. `None`:
+    /// to every member.
+    pub lane_peers: Option<LanePeers>,
     /// Where libp2p's own metrics go (connections, protocols, bandwidth,
     /// identify and ping), for a Prometheus endpoint; `None`: not recorded.
     pub metrics: Option<MetricsRegistry>,
@@ -107,6 +131,77 @@ pub struct P2pConfig {
     /// the settings that differ.
     pub settings: BTreeMap<String, String>,
 }
+
+/// How tensor bytes travel between members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataLane {
+    /// The lane, every record sealed with AES-256-GCM (the default).
+    #[default]
+    Encrypted,
+    /// The lane without the cipher: the connections are still set up only
+    /// by peers that hold the lane's key (for a private network one trusts).
+    Plaintext,
+    /// No lane: tensors go over libp2p streams like the control messages.
+    Libp2p,
+}
+
+impl DataLane {
+    pub fn name(self) -> &'static str {
+        match self {
+            DataLane::Encrypted => "encrypted",
+            DataLane::Plaintext => "plaintext",
+            DataLane::Libp2p => "libp2p",
+        }
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            DataLane::Encrypted => 1,
+            DataLane::Plaintext => 2,
+            DataLane::Libp2p => 3,
+        }
+    }
+}
+
+impl std::fmt::Display for DataLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DataLane {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "encrypted" => Ok(DataLane::Encrypted),
+            "plaintext" => Ok(DataLane::Plaintext),
+            "libp2p" => Ok(DataLane::Libp2p),
+            other => Err(format!(
+                "`{other}` is not a data lane: expected encrypted, plaintext or libp2p"
+            )),
+        }
+    }
+}
+
+/// Connections per direction when the configuration does not say: one per
+/// core, 2 to 8.
+pub fn default_connections() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(2, 8)
+}
+
+/// Most connections per direction a peer may open.
+pub const MAX_CONNECTIONS: usize = 64;
+/// The round window of a run unless its configuration sets
+/// [`P2pConfig::round_window`]: a peer refuses push-sum shares more than this
+/// many rounds ahead of its own. This is the one place the number lives: the
+/// inbox's staleness limit and the lane's cap on shares held ahead follow
+/// the configured window, and the run configuration's largest staleness
+/// bound (`MAX_STALENESS` in the run spec) stays well inside it.
+pub const DEFAULT_ROUND_WINDOW: u64 = 256;
 
 /// A Prometheus registry shared between the swarm and a metrics endpoint.
 pub type MetricsRegistry = std::sync::Arc<std::sync::Mutex<libp2p::metrics::Registry>>;
@@ -136,18 +231,26 @@ impl P2pConfig {
             peer_timeout: Duration::from_secs(60),
             run,
             payload_floats,
+            compress: crate::compress::Compression::None,
             max_message_bytes: 4 * payload_floats.max(chunk_floats) as u64,
-            round_window: 256,
+            round_window: DEFAULT_ROUND_WINDOW,
             chunk_floats,
             direct_max_bytes: crate::DIRECT_MAX_BYTES,
             max_offences: 16,
             worker_threads: workers,
             data_lane: DataLane::default(),
-            lane_connections: super::lane::default_connections(),
+            lane_connections: default_connections(),
+            lane_peers: None,
             metrics: None,
             admission: Admission::Open,
             settings: BTreeMap::new(),
         }
+    }
+
+    /// Compresses push-sum shares with `codec` ([`crate::compress`]).
+    pub fn with_compression(mut self, codec: crate::compress::Compression) -> Self {
+        self.compress = codec;
+        self
     }
 
     /// Chooses how tensor bytes travel ([`DataLane`]).
@@ -212,6 +315,28 @@ impl P2pConfig {
             .max(1)
     }
 
+    /// The ranks `rank` sets up lanes to in a view of `m`: its graph
+    /// neighbours ([`P2pConfig::lane_peers`]), its ring neighbours, and
+    /// everyone when the all-reduce may take the direct schedule. Symmetric
+    /// (so both ends agree on each pair), sorted, without `rank`.
+    pub(crate) fn lane_set(&self, rank: Rank, m: usize) -> Vec<Rank> {
+        if m <= 1 {
+            return Vec::new();
+        }
+        let mut set: Vec<Rank> = match &self.lane_peers {
+            Some(f) if !crate::Schedule::direct_possible(m, self.direct_max_bytes) => {
+                let mut s = f.0(rank, m);
+                s.extend([(rank + 1) % m, (rank + m - 1) % m]);
+                s
+            }
+            _ => (0..m).collect(),
+        };
+        set.sort_unstable();
+        set.dedup();
+        set.retain(|r| *r != rank && *r < m);
+        set
+    }
+
     /// The schedule of an all-reduce of `n` floats over `m` ranks.
     pub fn schedule(&self, n: usize, m: usize) -> crate::Schedule {
         crate::Schedule::choose(n, m, self.message_floats(), self.direct_max_bytes)
@@ -232,16 +357,13 @@ impl P2pConfig {
         if self.listen.is_empty() {
             return Err("listen: at least one multiaddr is needed".into());
         }
-        if self.run.run_id.is_empty() {
-            return Err("run.run_id must not be empty".into());
-        }
+        check_run_id(&self.run.run_id).map_err(|e| format!("run.run_id: {e}"))?;
         if self.data_lane != DataLane::Libp2p
-            && !(1..=super::lane::MAX_CONNECTIONS).contains(&self.lane_connections)
+            && !(1..=MAX_CONNECTIONS).contains(&self.lane_connections)
         {
             return Err(format!(
                 "lane_connections {} is outside 1..={}",
-                self.lane_connections,
-                super::lane::MAX_CONNECTIONS
+                self.lane_connections, MAX_CONNECTIONS
             ));
         }
         if self.chunk_floats == 0 {

@@ -33,7 +33,7 @@ impl Ring<'_> {
         let m = self.view.members.len();
         let bytes = 8 * values.len() as u64;
         if bytes > self.shared.cfg.max_message_bytes {
-            return Err(CommError::Other(format!(
+            return Err(CommError::Misuse(format!(
                 "{} of {} values: {bytes} bytes exceed the message cap of {} bytes",
                 self.operation,
                 values.len(),

@@ -18,14 +18,14 @@ pub fn load_or_create(path: Option<&Path>) -> Result<Keypair, CommError> {
     };
     match fs::read(path) {
         Ok(bytes) => Keypair::from_protobuf_encoding(&bytes).map_err(|e| {
-            CommError::Other(format!(
+            CommError::Config(format!(
                 "identity file {}: not a protobuf-encoded libp2p keypair ({e}); \
                  delete it to create a new identity",
                 path.display()
             ))
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path),
-        Err(e) => Err(CommError::Other(format!(
+        Err(e) => Err(CommError::Config(format!(
             "identity file {}: cannot read it: {e}",
             path.display()
         ))),
@@ -36,7 +36,7 @@ pub fn load_or_create(path: Option<&Path>) -> Result<Keypair, CommError> {
 /// crash never leaves half a key behind; owner-only permissions on Unix.
 fn create(path: &Path) -> Result<Keypair, CommError> {
     let fail = |what: &str, e: std::io::Error| {
-        CommError::Other(format!(
+        CommError::Config(format!(
             "identity file {}: cannot {what}: {e}",
             path.display()
         ))
@@ -44,7 +44,7 @@ fn create(path: &Path) -> Result<Keypair, CommError> {
     let keypair = Keypair::generate_ed25519();
     let bytes = keypair
         .to_protobuf_encoding()
-        .map_err(|e| CommError::Other(format!("encoding a new keypair: {e}")))?;
+        .map_err(|e| CommError::Config(format!("encoding a new keypair: {e}")))?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).map_err(|e| fail("create its directory", e))?;
     }

@@ -3,7 +3,6 @@
 //! and the reason. Nothing a peer sends can make the node panic.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::{AsyncWriteExt, StreamExt};
@@ -14,8 +13,9 @@ use super::payload::LeBytes;
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{
     ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, READY, ReadError, Reject,
-    WIRE_VERSION, check_payload, read_header, read_payload,
+    WIRE_VERSION, check_payload, payload_bytes, read_header, read_payload,
 };
+use crate::sync::lock;
 
 /// Registers our tensor protocols and serves them until the node stops.
 pub(crate) fn spawn_acceptors(
@@ -39,25 +39,33 @@ pub(crate) fn spawn_acceptors(
     Ok(())
 }
 
-/// Counts a served stream (or lane connection) for as long as it lives:
-/// a graceful shutdown waits for the peers' last frames.
-pub(crate) struct Active<'a>(&'a Shared);
+/// Counts a served stream (or lane connection) from `peer` for as long as
+/// it lives: a graceful shutdown waits for the last frames of the peers
+/// still in the view (not for one the view went on without, which may be
+/// stopped).
+pub(crate) struct Active<'a>(&'a Shared, PeerId);
 
 impl<'a> Active<'a> {
-    pub(crate) fn new(shared: &'a Shared) -> Self {
-        shared.inbound_active.fetch_add(1, Ordering::SeqCst);
-        Self(shared)
+    pub(crate) fn new(shared: &'a Shared, peer: PeerId) -> Self {
+        *lock(&shared.inbound_active).entry(peer).or_insert(0) += 1;
+        Self(shared, peer)
     }
 }
 
 impl Drop for Active<'_> {
     fn drop(&mut self) {
-        self.0.inbound_active.fetch_sub(1, Ordering::SeqCst);
+        let mut active = lock(&self.0.inbound_active);
+        if let Some(n) = active.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                active.remove(&self.1);
+            }
+        }
     }
 }
 
 async fn serve(shared: Arc<Shared>, peer: PeerId, mut stream: Stream, protocol: &'static str) {
-    let _active = Active::new(&shared);
+    let _active = Active::new(&shared, peer);
     if stream.write_all(&[READY]).await.is_err() || stream.flush().await.is_err() {
         return;
     }
@@ -151,7 +159,7 @@ async fn serve_one(
     let from =
         check_header(&shared.cfg, &view, &peer, &header, protocol).map_err(ReadError::Rejected)?;
     // check_header capped the size.
-    let bytes = header.dtype.size() * header.len;
+    let bytes = payload_bytes(&header, shared.cfg.compress);
     if protocol == PUSH_SUM_PROTOCOL {
         shared
             .push_inbox
@@ -164,15 +172,11 @@ async fn serve_one(
     check_payload(&header, &payload, &scan).map_err(ReadError::Rejected)?;
     let wire_bytes = header_bytes + payload.len() as u64;
     if protocol == PUSH_SUM_PROTOCOL {
+        let share = LeBytes::share(shared.cfg.compress, shared.cfg.payload_floats, payload)
+            .map_err(|e| ReadError::Rejected(Reject::Coded(e)))?;
         shared
             .push_inbox
-            .deliver_in(
-                view.number,
-                header.round,
-                from,
-                header.weight,
-                LeBytes::whole(payload),
-            )
+            .deliver_in(view.number, header.round, from, header.weight, share)
             .map_err(refused)?;
     } else {
         let msg = ReduceMsg {
@@ -244,13 +248,17 @@ pub(crate) fn check_header(
             protocol,
         });
     }
-    if h.dtype != DType::of(h.kind) {
+    let dtype = match h.kind {
+        Kind::PushSum => DType::of_share(cfg.compress),
+        kind => DType::of(kind),
+    };
+    if h.dtype != dtype {
         return Err(Reject::WrongDType {
             kind: h.kind,
             dtype: h.dtype,
         });
     }
-    let announced = h.len.saturating_mul(h.dtype.size());
+    let announced = payload_bytes(h, cfg.compress);
     if announced > cfg.max_message_bytes {
         return Err(Reject::TooLarge {
             announced,

@@ -9,7 +9,8 @@
 
 use std::sync::Mutex;
 
-use super::state::lock;
+use crate::compress::{self, CodecError, Compression};
+use crate::sync::lock;
 
 const LANES: usize = 8;
 /// `f32` exponent bits: all ones means infinity or NaN.
@@ -207,22 +208,39 @@ pub fn copy_bytes(dst: &mut [f32], payload: &[u8]) {
 
 /// A push-sum share as it came off the wire: `f32` LE bytes from the pool,
 /// in one piece (a libp2p stream) or in parts at their element offsets (the
-/// data lane), added straight from the bytes.
-pub(crate) struct LeBytes(Vec<(usize, Vec<u8>)>);
+/// data lane), added straight from the bytes; or a compressed share of
+/// `floats` values in one piece, checked, added through its decoder.
+pub(crate) struct LeBytes {
+    parts: Vec<(usize, Vec<u8>)>,
+    coded: Option<(Compression, usize)>,
+}
 
 impl LeBytes {
     pub fn whole(bytes: Vec<u8>) -> Self {
-        Self(vec![(0, bytes)])
+        Self::parts(vec![(0, bytes)])
     }
 
     /// Parts that cover the share in order, each at its element offset.
     pub fn parts(parts: Vec<(usize, Vec<u8>)>) -> Self {
-        Self(parts)
+        Self { parts, coded: None }
+    }
+
+    /// A whole share of `floats` values read for a run whose shares use
+    /// `codec`: a compressed one is checked in full first.
+    pub fn share(codec: Compression, floats: usize, bytes: Vec<u8>) -> Result<Self, CodecError> {
+        if codec.is_none() {
+            return Ok(Self::whole(bytes));
+        }
+        compress::check(codec, &bytes, floats)?;
+        Ok(Self {
+            parts: vec![(0, bytes)],
+            coded: Some((codec, floats)),
+        })
     }
 
     /// Gives the buffers back to `pool`.
     pub fn recycle(self, pool: &BufferPool) {
-        for (_, b) in self.0 {
+        for (_, b) in self.parts {
             pool.give(b);
         }
     }
@@ -230,11 +248,20 @@ impl LeBytes {
 
 impl crate::ledger::SharePayload for LeBytes {
     fn floats(&self) -> usize {
-        self.0.iter().map(|(_, b)| b.len() / 4).sum()
+        match self.coded {
+            Some((_, floats)) => floats,
+            None => self.parts.iter().map(|(_, b)| b.len() / 4).sum(),
+        }
     }
 
     fn add_into(&self, x: &mut [f32]) {
-        for (offset, bytes) in &self.0 {
+        if let Some((codec, _)) = self.coded {
+            for (_, bytes) in &self.parts {
+                compress::add_decoded(codec, bytes, x);
+            }
+            return;
+        }
+        for (offset, bytes) in &self.parts {
             if let Some(dst) = x.get_mut(*offset..) {
                 add_bytes(dst, bytes);
             }

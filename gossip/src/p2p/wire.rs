@@ -10,11 +10,14 @@
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use serde::{Deserialize, Serialize};
 
+use crate::compress::{CodecError, Compression, encoded_bytes};
+
 /// Version of the frame layout and header fields, bumped on incompatible
 /// change. The join handshake compares it, so nodes of different versions
 /// never form a run. 2: [`Kind::Gather`] frames of [`DType::U64`]. 3: the
-/// admission knock before membership hellos.
-pub const WIRE_VERSION: u16 = 3;
+/// admission knock before membership hellos. 4: compressed push-sum shares
+/// ([`DType::Bf16`], [`DType::Int8`], [`DType::TopK`]).
+pub const WIRE_VERSION: u16 = 4;
 /// Push-sum shares.
 pub const PUSH_SUM_PROTOCOL: &str = "/slowmo/push-sum/1";
 /// Ring all-reduce chunks (also the barrier).
@@ -55,14 +58,34 @@ pub enum Kind {
 pub enum DType {
     F32,
     U64,
+    /// A push-sum share of `len` values in bfloat16 (`--compress bf16`).
+    Bf16,
+    /// A push-sum share of `len` values in block-scaled int8.
+    Int8,
+    /// A push-sum share's top values and their indices (`--compress
+    /// topk:F`, the fraction from the run's settings).
+    #[serde(rename = "topk")]
+    TopK,
 }
 
 impl DType {
-    /// Bytes per element.
+    /// Bytes per element of a plain payload (a compressed share's size is
+    /// [`payload_bytes`]'s: 1 here).
     pub fn size(self) -> u64 {
         match self {
             DType::F32 => 4,
             DType::U64 => 8,
+            DType::Bf16 | DType::Int8 | DType::TopK => 1,
+        }
+    }
+
+    /// The dtype of a push-sum share under `codec`.
+    pub fn of_share(codec: Compression) -> Self {
+        match codec {
+            Compression::None => DType::F32,
+            Compression::Bf16 => DType::Bf16,
+            Compression::Int8 => DType::Int8,
+            Compression::TopK(_) => DType::TopK,
         }
     }
 
@@ -72,6 +95,19 @@ impl DType {
             Kind::PushSum | Kind::ReduceScatter | Kind::AllGather => DType::F32,
             Kind::Gather => DType::U64,
         }
+    }
+}
+
+/// Payload bytes that follow `h` in a run whose shares use `codec`: a
+/// compressed share's exact size follows from its length in values (the
+/// header's `len`) and the run's codec. Saturating: the caller caps it.
+pub fn payload_bytes(h: &Header, codec: Compression) -> u64 {
+    match h.dtype {
+        DType::F32 | DType::U64 => h.len.saturating_mul(h.dtype.size()),
+        _ => usize::try_from(h.len)
+            .ok()
+            .filter(|n| *n <= u32::MAX as usize)
+            .map_or(u64::MAX, |n| encoded_bytes(codec, n) as u64),
     }
 }
 
@@ -141,6 +177,8 @@ pub enum Reject {
     Checksum { announced: u64, actual: u64 },
     #[error("weight {0} is not a finite number")]
     Weight(f64),
+    #[error("{0}")]
+    Coded(CodecError),
 }
 
 impl From<crate::ledger::Refusal> for Reject {
@@ -331,6 +369,31 @@ mod tests {
             offset: 0,
             total: 3,
         }
+    }
+
+    #[test]
+    fn a_header_with_the_longest_run_id_fits_the_header_limit() {
+        let longest = Header {
+            run_id: "\u{10FFFF}".repeat(crate::p2p::MAX_RUN_ID_BYTES / 4),
+            sender: libp2p::PeerId::random().to_string(),
+            view: u64::MAX,
+            round: u64::MAX,
+            kind: Kind::AllGather,
+            len: u64::MAX,
+            weight: f64::MIN_POSITIVE,
+            checksum: u64::MAX,
+            step: u32::MAX,
+            offset: u64::MAX,
+            total: u64::MAX,
+            ..header()
+        };
+        assert_eq!(longest.run_id.len(), crate::p2p::MAX_RUN_ID_BYTES);
+        let cbor = encode_header(&longest).len() - 4;
+        assert!(cbor <= MAX_HEADER_BYTES as usize / 2, "{cbor} bytes");
+        crate::p2p::check_run_id(&longest.run_id).unwrap();
+        let longer = format!("{}x", longest.run_id);
+        let e = crate::p2p::check_run_id(&longer).unwrap_err();
+        assert!(e.contains("257 bytes") && e.contains("at most 256"), "{e}");
     }
 
     #[test]

@@ -104,3 +104,81 @@ fn connections_without_the_key_are_refused_and_the_node_keeps_working() {
     assert_eq!(sums, vec![(3.0, 2.0), (3.0, 2.0)]);
     shutdown_all(comms);
 }
+
+/// 24 nodes on the exponential graph: lanes go to a node's graph and ring
+/// neighbours only (whatever the view's size), each node's lane connections
+/// stay within the budget, and a message to a peer outside them still
+/// arrives over a lane set up on demand.
+#[test]
+fn lanes_go_to_the_graph_neighbours_only() {
+    use slowmo_gossip::p2p::LanePeers;
+    use slowmo_topologies::{GraphSpec, Topology};
+    const M: usize = 24;
+    const FLOATS: usize = 1000;
+    let graph: GraphSpec = "exponential".parse().unwrap();
+    let neighbours = move |rank: usize, world: usize| {
+        slowmo_topologies::build(&graph, world)
+            .unwrap()
+            .neighbours(rank)
+    };
+    let peers = neighbours.clone();
+    let comms = group(M, FLOATS, move |mut c| {
+        c.lane_peers = Some(LanePeers(std::sync::Arc::new(peers.clone())));
+        c.with_lane_connections(4)
+    });
+    let topo: std::sync::Arc<dyn Topology> =
+        slowmo_topologies::build(&"exponential".parse().unwrap(), M)
+            .unwrap()
+            .into();
+    let (comms, out) = on_all(comms, move |c| {
+        let r = c.rank();
+        let mut x = vec![r as f32; FLOATS];
+        let mut w = 1.0;
+        for t in 0..topo.period() {
+            let (o, i) = (topo.out_peers(r, t), topo.in_peers(r, t));
+            let round = PushSumRound {
+                round: t,
+                out_peers: &o,
+                in_peers: &i,
+                staleness: 0,
+            };
+            c.push_sum(&round, &mut x, &mut w).expect("push-sum");
+        }
+        let mut y = vec![1.0f32; 5 * FLOATS];
+        let mut s = 1.0;
+        c.all_reduce_sum(&mut y, &mut s).expect("all-reduce");
+        assert_eq!(s, M as f64);
+        // Off the graph: rank r sends to r + M/2, which is no neighbour of
+        // it for M = 24 (12 is not a power of two), over an on-demand lane.
+        let far = (r + M / 2) % M;
+        let back = (r + M / 2) % M;
+        let round = PushSumRound {
+            round: topo.period(),
+            out_peers: &[far],
+            in_peers: &[back],
+            staleness: 0,
+        };
+        c.push_sum(&round, &mut x, &mut w)
+            .expect("push-sum off the graph");
+        (r, c.lane_connections())
+    });
+    shutdown_all(comms);
+    for (r, lanes) in out {
+        let mut allowed = neighbours(r, M);
+        allowed.extend([(r + 1) % M, (r + M - 1) % M, (r + M / 2) % M]);
+        for (peer, _) in &lanes {
+            assert!(
+                allowed.contains(peer),
+                "rank {r} has a lane to rank {peer}, no neighbour"
+            );
+        }
+        assert!(lanes.len() <= allowed.len(), "rank {r}: {lanes:?}");
+        let total: usize = lanes.iter().map(|(_, n)| n).sum();
+        // Each end dials at most its budget over the view's lanes, plus at
+        // most the configured 4 on the on-demand lane.
+        assert!(
+            total <= 2 * (slowmo_gossip::p2p::lane::LANE_CONNECTION_BUDGET + 4),
+            "rank {r}: {total} lane connections {lanes:?}"
+        );
+    }
+}

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
+use slowmo_gossip::compress::Compression;
 use slowmo_gossip::memory::MemoryNetwork;
+use slowmo_gossip::p2p::DataLane;
 use slowmo_gossip::{Communicator, PushSumRound};
 use slowmo_topologies::{DirectedExponential, Topology};
 
@@ -115,4 +117,111 @@ fn a_run_of_one_needs_no_network() {
     assert_eq!((x, w, s), (vec![2.0f32; 8], 1.0, 3.0));
     assert_eq!(c.stats(), Default::default());
     c.shutdown();
+}
+
+/// Rounds with the given codec and staleness over the memory network.
+fn compressed_reference(m: usize, codec: Compression, staleness: u64) -> Vec<(Vec<f32>, f64)> {
+    let handles: Vec<_> = MemoryNetwork::new(m, Duration::from_secs(10))
+        .into_iter()
+        .map(|mut c| {
+            c.set_compression(codec);
+            std::thread::spawn(move || gossip(&mut c, staleness))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// The sum over ranks of element `i` of the starting values plus the
+/// stand-in steps: what push-sum must conserve, compressed or not.
+fn conserved(m: usize, i: usize) -> f64 {
+    (0..m)
+        .map(|rank| {
+            let start = f64::from(floats(rank as u64 + 1, N)[i]);
+            start + ROUNDS as f64 * f64::from(1e-3 * ((i + rank) % 7) as f32)
+        })
+        .sum()
+}
+
+#[test]
+fn compressed_shares_keep_mass_exact_and_match_the_memory_network() {
+    for (codec, lane) in [
+        (Compression::Int8, DataLane::Encrypted),
+        (Compression::TopK(0.05), DataLane::Encrypted),
+        (Compression::Bf16, DataLane::Libp2p),
+        (Compression::Int8, DataLane::Libp2p),
+    ] {
+        let comms = group(4, N, |c| c.with_compression(codec).with_data_lane(lane));
+        let (comms, got) = on_all(comms, |c| gossip(c, 0));
+        let want = compressed_reference(4, codec, 0);
+        for (rank, ((x, w), (rx, rw))) in got.iter().zip(&want).enumerate() {
+            assert_eq!(w.to_bits(), rw.to_bits(), "{codec} rank {rank}");
+            let same = x.iter().zip(rx).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{codec} over {lane:?}: rank {rank} differs from memory"
+            );
+        }
+        // The weights sum to m exactly, the numerators to what the steps
+        // added, to rounding: the senders debited what receivers decoded.
+        let total_w: f64 = got.iter().map(|(_, w)| w).sum();
+        assert_eq!(total_w, 4.0, "{codec}: sum of w");
+        for i in 0..N {
+            let sum: f64 = got.iter().map(|(x, _)| f64::from(x[i])).sum();
+            let want = conserved(4, i);
+            assert!(
+                (sum - want).abs() < 1e-5,
+                "{codec} element {i}: {sum} vs {want}"
+            );
+        }
+        // The wire carried the compressed size.
+        let uncompressed = 4 * N as u64 * ROUNDS;
+        for c in &comms {
+            let s = c.stats();
+            assert_eq!(s.messages_received, ROUNDS, "{codec}");
+            let ratio = uncompressed as f64 / s.bytes_sent as f64;
+            let least = match codec {
+                Compression::Int8 => 2.5,
+                Compression::TopK(_) => 5.0,
+                _ => 1.5,
+            };
+            assert!(
+                ratio > least,
+                "{codec} over {lane:?}: {ratio:.2}x fewer bytes"
+            );
+        }
+        shutdown_all(comms);
+    }
+}
+
+#[test]
+fn a_peer_with_another_codec_is_refused_naming_the_dtype() {
+    // Node 0 sends int8, the others expect bf16: their shares never add.
+    let codec = std::sync::atomic::AtomicUsize::new(0);
+    let comms = group(2, N, |c| {
+        let k = codec.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let c = c.with_peer_timeout(Duration::from_secs(3));
+        if k == 0 {
+            c.with_compression(Compression::Int8)
+        } else {
+            c.with_compression(Compression::Bf16)
+        }
+    });
+    let (comms, got) = on_all(comms, |c| {
+        let mut x = floats(1, N);
+        let mut w = 1.0;
+        let r = PushSumRound {
+            round: 0,
+            out_peers: &[1 - c.rank()],
+            in_peers: &[1 - c.rank()],
+            staleness: 0,
+        };
+        c.push_sum(&r, &mut x, &mut w).map(|_| ())
+    });
+    for r in &got {
+        let e = r.as_ref().unwrap_err().to_string();
+        assert!(e.contains("sent nothing") || e.contains("dtype"), "{e}");
+    }
+    let refused: u64 = comms.iter().map(|c| c.stats().messages_dropped).sum();
+    assert!(refused >= 1, "no share was refused");
+    shutdown_all(comms);
 }

@@ -11,6 +11,8 @@
 //!   ([`idx`]); Debian ships Fashion-MNIST (`apt-get install
 //!   dataset-fashion-mnist`) under [`DEBIAN_FASHION_MNIST_DIR`].
 //! - CIFAR-10 is read from its binary batches ([`cifar`]).
+//! - Text (`--dataset text:PATH`) is byte-level tokens in windows of the
+//!   transformer's context ([`text`]).
 //!
 //! Bad files never panic: every failure is a [`DataError`] that names the file
 //! and what was wrong with it.
@@ -20,6 +22,7 @@ pub mod cifar;
 pub mod idx;
 pub mod partition;
 pub mod synthetic;
+pub mod text;
 
 use std::path::{Path, PathBuf};
 
@@ -155,6 +158,28 @@ pub enum DataError {
         found_h: usize,
         found_w: usize,
     },
+    /// A text file (or a folder's only content) holds nothing to train on.
+    #[error("{}: {what}; text data needs at least one non-empty file", path.display())]
+    EmptyText { path: PathBuf, what: &'static str },
+    /// The text is shorter than a training and a held-out window.
+    #[error(
+        "{}: {bytes} bytes of text, need at least {need} (one window of context {context} + 1 \
+         tokens to train on and one held out); give more text or a smaller --context",
+        path.display()
+    )]
+    TextTooShort {
+        path: PathBuf,
+        bytes: usize,
+        need: usize,
+        context: usize,
+    },
+    /// The text is larger than the loader takes.
+    #[error("{}: {bytes} bytes of text, above the limit of {limit}", path.display())]
+    TextTooLarge {
+        path: PathBuf,
+        bytes: u64,
+        limit: u64,
+    },
     /// The data cannot be split as asked.
     #[error("cannot partition {samples} samples across {workers} workers: {reason}")]
     Unpartitionable {
@@ -170,7 +195,9 @@ pub enum DataError {
 pub fn default_data_dir(kind: DatasetKind) -> Option<PathBuf> {
     match kind {
         DatasetKind::FashionMnist => Some(PathBuf::from(DEBIAN_FASHION_MNIST_DIR)),
-        DatasetKind::Synthetic | DatasetKind::Mnist | DatasetKind::Cifar10 => None,
+        DatasetKind::Synthetic | DatasetKind::Mnist | DatasetKind::Cifar10 | DatasetKind::Text => {
+            None
+        }
     }
 }
 
@@ -178,6 +205,8 @@ pub fn default_data_dir(kind: DatasetKind) -> Option<PathBuf> {
 ///
 /// `data_dir` overrides [`default_data_dir`]; it is ignored for synthetic data.
 /// The file datasets ignore `seed`: their splits are fixed by the files.
+/// Text is cut for the default transformer context; [`text::load`] takes
+/// another.
 pub fn load(kind: DatasetKind, data_dir: Option<&Path>, seed: u64) -> Result<Dataset, DataError> {
     if kind == DatasetKind::Synthetic {
         return Ok(synthetic::generate(
@@ -193,6 +222,7 @@ pub fn load(kind: DatasetKind, data_dir: Option<&Path>, seed: u64) -> Result<Dat
         DatasetKind::FashionMnist => idx::load_dir(&dir, idx::FASHION_MNIST),
         DatasetKind::Mnist => idx::load_dir(&dir, idx::MNIST),
         DatasetKind::Cifar10 => cifar::load_dir(&dir),
+        DatasetKind::Text => text::load(&dir, slowmo_runspec::TransformerShape::default().context),
         DatasetKind::Synthetic => unreachable!("handled above"),
     }
 }

@@ -8,6 +8,9 @@
 //! - `by-class`: samples sorted by label and cut into equal contiguous shards,
 //!   so each worker sees only about `classes / workers` classes (the
 //!   "pathological non-IID" split of McMahan et al. 2017).
+//! - `contiguous`: equal runs of samples in their stored order, so each
+//!   worker reads its own stretch of the data (the default for text, whose
+//!   samples are windows of one stream).
 //! - `dirichlet:<alpha>`: for every class, worker proportions are drawn from
 //!   Dirichlet(alpha) (Hsu et al. 2019); small alpha is very skewed, large
 //!   alpha approaches IID.
@@ -65,6 +68,10 @@ pub fn shard_indices(
             // shuffle first so ties within a class are broken randomly
             rng.shuffle(&mut all);
             all.sort_by_key(|&i| labels[i]);
+            cut_equal(&all, workers)
+        }
+        Partition::Contiguous => {
+            let all: Vec<usize> = (0..labels.len()).collect();
             cut_equal(&all, workers)
         }
         Partition::Dirichlet(alpha) => {
@@ -185,6 +192,7 @@ mod tests {
             Partition::Iid,
             Partition::ByClass,
             Partition::Dirichlet(0.5),
+            Partition::Contiguous,
         ] {
             for workers in [1, 3, 8, 16] {
                 let a = shard_indices(&l, 10, workers, p, 42).unwrap();
@@ -192,7 +200,7 @@ mod tests {
                 check_disjoint_cover(&a, l.len());
                 assert_eq!(a, shard_indices(&l, 10, workers, p, 42).unwrap());
             }
-            if p != Partition::ByClass {
+            if p != Partition::ByClass && p != Partition::Contiguous {
                 assert_ne!(
                     shard_indices(&l, 10, 4, p, 1).unwrap(),
                     shard_indices(&l, 10, 4, p, 2).unwrap(),
@@ -200,6 +208,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn contiguous_shards_are_runs_in_order() {
+        let l = labels();
+        let s = shard_indices(&l, 10, 3, Partition::Contiguous, 7).unwrap();
+        let mut next = 0;
+        for shard in &s {
+            assert_eq!(shard, &(next..next + shard.len()).collect::<Vec<_>>());
+            next += shard.len();
+        }
+        assert_eq!(next, l.len());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The two architectures: parameter layouts and forward passes.
+//! The architectures: parameter layouts and forward passes (the
+//! transformer's in `transformer.rs`).
 //!
 //! Weights follow PyTorch's conventions (`Linear` weight is `(out, in)`,
 //! `Conv2d` weight is `(out, in, kh, kw)`), so a saved safetensors file reads
@@ -7,6 +8,8 @@
 use candle_core::{Device, Result as CandleResult, Tensor};
 
 use super::ModelError;
+use super::slot::{Init, Slot};
+use super::transformer::Transformer;
 
 /// Kernel size of both convolutions.
 const K: usize = 5;
@@ -33,14 +36,16 @@ pub(crate) enum Arch {
     /// Layer widths: input, hidden..., classes.
     Mlp(Vec<usize>),
     Cnn(CnnGeometry),
+    Transformer(Transformer),
 }
 
-/// One parameter tensor before offsets are assigned: name, shape, fan-in.
-pub(crate) type Slot = (String, Vec<usize>, usize);
-
 fn linear(name: &str, fan_in: usize, fan_out: usize, out: &mut Vec<Slot>) {
-    out.push((format!("{name}.weight"), vec![fan_out, fan_in], fan_in));
-    out.push((format!("{name}.bias"), vec![fan_out], fan_in));
+    out.push((
+        format!("{name}.weight"),
+        vec![fan_out, fan_in],
+        Init::fan_in(fan_in),
+    ));
+    out.push((format!("{name}.bias"), vec![fan_out], Init::fan_in(fan_in)));
 }
 
 impl Arch {
@@ -97,21 +102,22 @@ impl Arch {
                 out.push((
                     "conv1.weight".into(),
                     vec![CONV1_OUT, g.channels, K, K],
-                    fan1,
+                    Init::fan_in(fan1),
                 ));
-                out.push(("conv1.bias".into(), vec![CONV1_OUT], fan1));
+                out.push(("conv1.bias".into(), vec![CONV1_OUT], Init::fan_in(fan1)));
                 let fan2 = CONV1_OUT * K * K;
                 out.push((
                     "conv2.weight".into(),
                     vec![CONV2_OUT, CONV1_OUT, K, K],
-                    fan2,
+                    Init::fan_in(fan2),
                 ));
-                out.push(("conv2.bias".into(), vec![CONV2_OUT], fan2));
+                out.push(("conv2.bias".into(), vec![CONV2_OUT], Init::fan_in(fan2)));
                 let flat = CONV2_OUT * g.pool2.0 * g.pool2.1;
                 linear("fc1", flat, FC1, &mut out);
                 linear("fc2", FC1, FC2, &mut out);
                 linear("fc3", FC2, g.classes, &mut out);
             }
+            Arch::Transformer(t) => out = t.slots(),
         }
         out
     }
@@ -121,10 +127,12 @@ impl Arch {
         match self {
             Arch::Mlp(widths) => vec![batch, widths[0]],
             Arch::Cnn(g) => vec![batch, g.channels, g.conv1.height, g.conv1.width],
+            Arch::Transformer(t) => vec![batch, t.shape.context],
         }
     }
 
-    /// Logits `(batch, classes)` for input `x`; `p` holds the parameter
+    /// Logits `(batch, classes)` for input `x` (the transformer: `(batch *
+    /// context, vocab)` for tokens `x`); `p` holds the parameter
     /// tensors in [`Arch::slots`] order (with their final shapes).
     pub fn forward(&self, p: &[Tensor], x: &Tensor) -> CandleResult<Tensor> {
         match self {
@@ -140,6 +148,7 @@ impl Arch {
                 let y = y.reshape((CONV2_OUT * g.pool2.0 * g.pool2.1, n))?;
                 dense_stack(&p[4..], y)
             }
+            Arch::Transformer(t) => t.forward(p, x),
         }
     }
 }

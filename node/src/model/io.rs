@@ -44,7 +44,7 @@ pub(super) fn save(
         .map_err(|e| file_err(path, e.to_string()))?;
     let bytes = safetensors::serialize(views, metadata)
         .map_err(|e| file_err(path, format!("encoding safetensors failed: {e}")))?;
-    crate::outputs::write_atomically(path, &bytes)
+    crate::io::outputs::write_atomically(path, &bytes)
         .map_err(|e| file_err(path, format!("writing failed: {e}")))
 }
 

@@ -7,10 +7,18 @@
 //! is which named tensor (`fc1.weight`, `conv1.bias`, ...), which is also the
 //! safetensors layout.
 //!
-//! Two architectures: an MLP (flattened input, ReLU hidden layers) and a
+//! Three architectures: an MLP (flattened input, ReLU hidden layers), a
 //! LeNet-5-style CNN (conv 5x5x6 with padding 2, max-pool 2, ReLU, conv
 //! 5x5x16, max-pool 2, ReLU, fc 120, fc 84, fc classes) that takes 28x28x1 as
-//! well as 32x32x3 images.
+//! well as 32x32x3 images, and a decoder-only transformer language model
+//! ([`Model::transformer`], see `transformer.rs`).
+//!
+//! The transformer reads the same [`Split`]s as the classifiers: a sample is
+//! `context + 1` tokens (as `f32`); its first `context` are the inputs and
+//! its last `context` the next-token targets, so the loss is the mean
+//! cross-entropy over every position of every sample and the accuracy the
+//! fraction of positions whose arg-max is the next token. The label of a
+//! text sample is not read.
 //!
 //! # How parameters reach candle
 //!
@@ -44,6 +52,8 @@
 
 mod arch;
 mod io;
+mod slot;
+mod transformer;
 
 use std::path::Path;
 
@@ -52,8 +62,9 @@ use slowmo_optim::Rng;
 
 use crate::data::Split;
 use arch::Arch;
+use slot::Init;
 
-pub use slowmo_runspec::ModelKind;
+pub use slowmo_runspec::{ModelKind, TransformerShape};
 
 /// Where one named parameter tensor lives in the flat buffer.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +132,10 @@ pub enum ModelError {
     },
 }
 
+/// Largest transformer evaluation chunk, in tokens (at least one sample):
+/// bounds the attention scores and logits held at once.
+const MAX_TRANSFORMER_EVAL_TOKENS: usize = 2048;
+
 /// Largest CNN evaluation chunk: bounds the im2col buffer (about 80 MB for
 /// CIFAR-10) whatever batch the caller asks for; results do not depend on it.
 const MAX_CNN_EVAL_CHUNK: usize = 256;
@@ -139,8 +154,8 @@ pub struct Model {
     kind: ModelKind,
     arch: Arch,
     layout: Vec<ParamSpec>,
-    /// Init bound 1/sqrt(fan_in) for each layout entry.
-    init_bounds: Vec<f32>,
+    /// How each layout entry is initialised.
+    inits: Vec<Init>,
     num_params: usize,
     sample_len: usize,
     classes: usize,
@@ -175,11 +190,43 @@ impl Model {
         let arch = match kind {
             ModelKind::Mlp => Arch::mlp(hidden, sample_len, classes)?,
             ModelKind::Cnn => Arch::cnn(channels, height, width, classes, device)?,
+            ModelKind::Transformer => {
+                return Err(ModelError::Config(
+                    "the transformer is built by Model::transformer from its shape".into(),
+                ));
+            }
         };
+        Ok(Self::with_arch(kind, arch, sample_len, classes, device))
+    }
+
+    /// The transformer language model of `shape` over `vocab` tokens: its
+    /// samples are `shape.context + 1` tokens (see the module docs).
+    pub fn transformer(
+        shape: TransformerShape,
+        vocab: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let arch = Arch::Transformer(transformer::Transformer::new(shape, vocab, device)?);
+        Ok(Self::with_arch(
+            ModelKind::Transformer,
+            arch,
+            shape.context + 1,
+            vocab,
+            device,
+        ))
+    }
+
+    fn with_arch(
+        kind: ModelKind,
+        arch: Arch,
+        sample_len: usize,
+        classes: usize,
+        device: &Device,
+    ) -> Self {
         let mut offset = 0;
         let mut layout = Vec::new();
-        let mut init_bounds = Vec::new();
-        for (name, shape, fan_in) in arch.slots() {
+        let mut inits = Vec::new();
+        for (name, shape, init) in arch.slots() {
             let spec = ParamSpec {
                 name,
                 shape,
@@ -187,19 +234,19 @@ impl Model {
             };
             offset += spec.numel();
             layout.push(spec);
-            init_bounds.push(1.0 / (fan_in as f32).sqrt());
+            inits.push(init);
         }
-        Ok(Model {
+        Model {
             kind,
             arch,
             layout,
-            init_bounds,
+            inits,
             num_params: offset,
             sample_len,
             classes,
             device: device.clone(),
             strategy: Strategy::PerLayer,
-        })
+        }
     }
 
     /// Which architecture this is.
@@ -232,19 +279,40 @@ impl Model {
         &self.device
     }
 
-    /// PyTorch's default initialisation: every weight and bias uniform in
-    /// `±1/sqrt(fan_in)` (what `kaiming_uniform_(a=sqrt(5))` amounts to).
-    /// Each tensor draws from its own stream `Rng::derive(seed, index)`, so
-    /// every node computes the same buffer for the same seed.
+    /// PyTorch's default initialisation for the MLP and CNN: every weight
+    /// and bias uniform in `±1/sqrt(fan_in)` (what
+    /// `kaiming_uniform_(a=sqrt(5))` amounts to); GPT-2's for the
+    /// transformer (see `transformer.rs`). Each tensor draws from its own
+    /// stream `Rng::derive(seed, index)`, so every node computes the same
+    /// buffer for the same seed.
     pub fn init_params(&self, seed: u64) -> Vec<f32> {
         let mut params = vec![0.0f32; self.num_params];
-        for (i, (spec, &bound)) in self.layout.iter().zip(&self.init_bounds).enumerate() {
+        for (i, (spec, &init)) in self.layout.iter().zip(&self.inits).enumerate() {
             let mut rng = Rng::derive(seed, i as u64);
-            for p in &mut params[spec.range()] {
-                *p = ((2.0 * rng.uniform() - 1.0) as f32) * bound;
+            let values = &mut params[spec.range()];
+            match init {
+                Init::Uniform(bound) => {
+                    for p in values {
+                        *p = ((2.0 * rng.uniform() - 1.0) as f32) * bound;
+                    }
+                }
+                Init::Normal(std) => {
+                    for p in values {
+                        *p = rng.normal() as f32 * std;
+                    }
+                }
+                Init::Constant(c) => values.fill(c),
             }
         }
         params
+    }
+
+    /// The transformer's shape, `None` for the other models.
+    pub fn transformer_shape(&self) -> Option<TransformerShape> {
+        match &self.arch {
+            Arch::Transformer(t) => Some(t.shape),
+            _ => None,
+        }
     }
 
     fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), ModelError> {
@@ -278,10 +346,28 @@ impl Model {
         }
     }
 
+    /// The input tensor and the targets of a batch: the labels for the
+    /// classifiers, every sample's next tokens for the transformer.
     fn inputs(&self, images: &[f32], labels: &[u32]) -> Result<(Tensor, Tensor), ModelError> {
-        let x = Tensor::from_slice(images, self.arch.input_shape(labels.len()), &self.device)?;
-        let y = Tensor::from_slice(labels, labels.len(), &self.device)?;
+        let n = labels.len();
+        if let Arch::Transformer(t) = &self.arch {
+            let (inputs, targets) = transformer::split_tokens(images, t.shape.context, t.vocab)?;
+            let x = Tensor::from_vec(inputs, self.arch.input_shape(n), &self.device)?;
+            let len = targets.len();
+            return Ok((x, Tensor::from_vec(targets, len, &self.device)?));
+        }
+        let x = Tensor::from_slice(images, self.arch.input_shape(n), &self.device)?;
+        let y = Tensor::from_slice(labels, n, &self.device)?;
         Ok((x, y))
+    }
+
+    /// Targets per sample: 1 for the classifiers, `context` for the
+    /// transformer.
+    fn targets_per_sample(&self) -> usize {
+        match &self.arch {
+            Arch::Transformer(t) => t.shape.context,
+            _ => 1,
+        }
     }
 
     /// Parameter tensors (no gradient tracking) for inference.
@@ -368,6 +454,9 @@ impl Model {
         // the CNN's im2col buffer is 25 * channels floats per pixel per sample
         let batch = match self.kind {
             ModelKind::Cnn => batch.min(MAX_CNN_EVAL_CHUNK),
+            ModelKind::Transformer => batch
+                .min(MAX_TRANSFORMER_EVAL_TOKENS / self.targets_per_sample())
+                .max(1),
             ModelKind::Mlp => batch,
         };
         let tensors = self.constant_params(params)?;
@@ -390,13 +479,16 @@ impl Model {
             correct += u64::from(hits);
         }
         let n = split.len() as f64;
+        let targets = n * self.targets_per_sample() as f64;
         Ok(Evaluation {
             loss: (loss_sum / n) as f32,
-            accuracy: (correct as f64 / n) as f32,
+            accuracy: (correct as f64 / targets) as f32,
         })
     }
 
-    /// Logits `(batch, classes)` for a batch (row-major), e.g. for inspection.
+    /// Logits `(batch, classes)` for a batch (row-major), e.g. for
+    /// inspection; for the transformer `(batch * context, vocab)`, the
+    /// next-token logits of every position of every sample.
     pub fn logits(&self, params: &[f32], images: &[f32]) -> Result<Vec<f32>, ModelError> {
         Self::check_len("the parameter buffer", self.num_params, params.len())?;
         if images.is_empty() || !images.len().is_multiple_of(self.sample_len) {
@@ -407,7 +499,7 @@ impl Model {
             });
         }
         let batch = images.len() / self.sample_len;
-        let x = Tensor::from_slice(images, self.arch.input_shape(batch), &self.device)?;
+        let (x, _) = self.inputs(images, &vec![0; batch])?;
         let logits = self.arch.forward(&self.constant_params(params)?, &x)?;
         Ok(logits.flatten_all()?.to_vec1::<f32>()?)
     }
@@ -487,3 +579,6 @@ fn copy_out(grad: Option<&Tensor>, out: &mut [f32]) -> Result<(), ModelError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod transformer_tests;

@@ -211,10 +211,10 @@ impl Testnet {
         if !out.status.success() {
             let mut logs = String::new();
             for i in 0..self.nodes {
-                let log = std::fs::read_to_string(results.join(format!("node{i}/log.txt")))
+                let log = std::fs::read_to_string(results.join(format!("node-{i}/log.txt")))
                     .unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(25).collect();
-                logs.push_str(&format!("--- node{i} log (last lines)\n"));
+                logs.push_str(&format!("--- node-{i} log (last lines)\n"));
                 for line in tail.into_iter().rev() {
                     logs.push_str(line);
                     logs.push('\n');
@@ -226,7 +226,7 @@ impl Testnet {
 
     /// Node `i`'s summary.json from the results folder.
     pub fn summary(&self, i: usize) -> Value {
-        let path = self.results().join(format!("node{i}/summary.json"));
+        let path = self.results().join(format!("node-{i}/summary.json"));
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
@@ -234,7 +234,7 @@ impl Testnet {
 
     /// Node `i`'s metrics records from the results folder.
     pub fn metrics(&self, i: usize) -> Vec<Value> {
-        let path = self.results().join(format!("node{i}/metrics.jsonl"));
+        let path = self.results().join(format!("node-{i}/metrics.jsonl"));
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         text.lines()

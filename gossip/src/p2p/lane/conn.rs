@@ -28,6 +28,7 @@ use crate::p2p::state::{ReduceMsg, Shared, View};
 use crate::p2p::wire::{
     ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, ReadError, Reject, WIRE_VERSION,
 };
+use crate::sync::lock;
 
 const MAGIC: &[u8; 8] = b"SLOWLANE";
 const VERSION: u8 = 1;
@@ -101,13 +102,15 @@ pub(crate) async fn open(
     session: Arc<Session>,
     addrs: Vec<String>,
 ) {
+    *lock(&session.peer_addrs) = addrs.clone();
     let mut writers = Vec::new();
-    for index in 0..lanes.connections as u16 {
+    for index in 0..lanes.per_peer.load(Ordering::Relaxed) as u16 {
         match dial(&session, &addrs, index).await {
             Ok(stream) => {
                 let (tx, rx) = mpsc::channel(WRITER_QUEUE);
                 tokio::spawn(write_loop(
                     shared.clone(),
+                    lanes.clone(),
                     session.clone(),
                     index,
                     stream,
@@ -130,6 +133,7 @@ pub(crate) async fn open(
 
 async fn write_loop(
     shared: Arc<Shared>,
+    lanes: Arc<Lanes>,
     session: Arc<Session>,
     index: u16,
     mut stream: TcpStream,
@@ -140,7 +144,7 @@ async fn write_loop(
     let encrypted = session.mode == DataLane::Encrypted;
     let mut record = Vec::with_capacity(RECORD + TAG);
     while let Some(job) = rx.recv().await {
-        let tensor = matches!(&job, Job::Frame { header, .. } if matches!(header.kind, FrameKind::Tensor(_)));
+        let tensor = matches!(&job, Job::Frame { header, .. } if matches!(header.kind, FrameKind::Tensor(_) | FrameKind::Coded));
         let (header, payload, range, done) = match job {
             Job::Frame {
                 header,
@@ -189,6 +193,7 @@ async fn write_loop(
         if let Err(e) = result {
             if !shared.stopping.load(Ordering::Relaxed) {
                 tracing::warn!(%peer, "data lane connection {index} to {peer} broke: {e}");
+                lanes.broken(&shared, &session);
             }
             return;
         }
@@ -224,13 +229,20 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, lanes: Arc<Lanes>, listener
                 Ok(Ok((session, index, stream))) => {
                     read_loop(shared, lanes, session, index, stream).await;
                 }
-                Ok(Err(e)) => {
+                Ok(Err(Refusal::Probe)) => {
+                    tracing::debug!(%from, "liveness probe from {from}");
+                }
+                Ok(Err(Refusal::Bad(e))) => {
                     shared.counters.dropped();
-                    tracing::warn!(%from, "refused a data lane connection from {from}: {e}");
+                    if let Some(held) = shared.warnings.admit("lane-refused") {
+                        tracing::warn!(%from, "refused a data lane connection from {from}: {e}{held}");
+                    }
                 }
                 Err(_) => {
                     shared.counters.dropped();
-                    tracing::warn!(%from, "a data lane connection from {from} sent no hello within {SETUP_TIMEOUT:?}");
+                    if let Some(held) = shared.warnings.admit("lane-silent") {
+                        tracing::warn!(%from, "a data lane connection from {from} sent no hello within {SETUP_TIMEOUT:?}{held}");
+                    }
                 }
             }
         });
@@ -242,12 +254,36 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, lanes: Arc<Lanes>, listener
 async fn accept(
     lanes: &Lanes,
     mut stream: TcpStream,
-) -> Result<(Arc<Session>, u16, TcpStream), String> {
+) -> Result<(Arc<Session>, u16, TcpStream), Refusal> {
     let mut hello = [0u8; HELLO];
+    // A connection closed before its first byte is a peer asking whether
+    // we live (`Lanes::broken`): it got its answer.
+    match stream.read(&mut hello[..1]).await {
+        Ok(0) => return Err(Refusal::Probe),
+        Ok(_) => {}
+        Err(e) => return Err(Refusal::Bad(format!("incomplete hello: {e}"))),
+    }
     stream
-        .read_exact(&mut hello)
+        .read_exact(&mut hello[1..])
         .await
-        .map_err(|e| format!("incomplete hello: {e}"))?;
+        .map_err(|e| Refusal::Bad(format!("incomplete hello: {e}")))?;
+    check_hello(lanes, stream, hello)
+        .await
+        .map_err(Refusal::Bad)
+}
+
+/// Why a lane connection was not taken.
+enum Refusal {
+    /// Closed before its first byte: a liveness probe.
+    Probe,
+    Bad(String),
+}
+
+async fn check_hello(
+    lanes: &Lanes,
+    mut stream: TcpStream,
+    hello: [u8; HELLO],
+) -> Result<(Arc<Session>, u16, TcpStream), String> {
     if &hello[..8] != MAGIC {
         return Err("not a slowmo data lane hello".into());
     }
@@ -279,7 +315,7 @@ async fn accept(
         ));
     }
     {
-        let mut taken = crate::p2p::state::lock(&session.accepted);
+        let mut taken = lock(&session.accepted);
         if taken.contains(&index) {
             return Err(format!("a second connection {index} from {}", session.peer));
         }
@@ -380,8 +416,8 @@ async fn read_loop(
     index: u16,
     stream: TcpStream,
 ) {
-    let _active = Active::new(&shared);
     let peer = session.peer;
+    let _active = Active::new(&shared, peer);
     let mut reader = Reader {
         shared: &shared,
         lanes: &lanes,
@@ -402,6 +438,7 @@ async fn read_loop(
             Err(Stop::Io(e)) => {
                 if !shared.stopping.load(Ordering::Relaxed) {
                     tracing::debug!(%peer, "data lane connection {index} from {peer} broke: {e}");
+                    lanes.broken(&shared, &session);
                 }
                 return;
             }
@@ -438,7 +475,9 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
             return Ok(true);
         }
         FrameKind::Tensor(kind) => kind,
+        FrameKind::Coded => Kind::PushSum,
     };
+    let coded = h.kind == FrameKind::Coded;
     let shared = r.shared;
     let peer = r.session.peer;
     check_session_view(r.session.view, &h).map_err(Stop::Rejected)?;
@@ -446,7 +485,7 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
     let view = view_for(shared, h.view).await?;
     let push = kind == Kind::PushSum;
     let (as_frame, from) =
-        check_frame(&shared.cfg, &view, &peer, &h, kind).map_err(Stop::Rejected)?;
+        check_frame(&shared.cfg, &view, &peer, &h, kind, coded).map_err(Stop::Rejected)?;
     if push {
         shared
             .push_inbox
@@ -455,7 +494,8 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
     }
     let bytes = h.payload_bytes() as usize;
     let mut buf = super::super::payload::sized(shared.pool.take(bytes), bytes);
-    r.payload(&mut buf, DType::of(kind) == DType::F32).await?;
+    r.payload(&mut buf, !coded && DType::of(kind) == DType::F32)
+        .await?;
     let wire = (HEADER + bytes) as u64;
     shared.counters.received(wire);
     shared.observed.received(&peer, wire);
@@ -475,7 +515,8 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
                     text
                 })
         };
-        if let Err(e) = r.session.shares.add_part(&h, buf, &mut deliver) {
+        let codec = coded.then_some((shared.cfg.compress, shared.cfg.payload_floats));
+        if let Err(e) = r.session.shares.add_part(&h, buf, codec, &mut deliver) {
             return Err(why.unwrap_or(Stop::Rejected(Reject::MalformedHeader(e))));
         }
     } else {
@@ -509,16 +550,21 @@ pub(crate) fn check_session_view(session_view: u64, h: &FrameHeader) -> Result<(
 
 /// Checks a tensor frame's header as the libp2p streams check theirs
 /// ([`check_header`]), for the frame as they would have carried it (for a
-/// share, the whole share; the part must lie inside it). Returns that frame
-/// and the sender's rank.
+/// share, the whole share; the part must lie inside it; a `coded`
+/// (compressed) share comes whole, at the exact size of the run's codec).
+/// Returns that frame and the sender's rank.
 pub(crate) fn check_frame(
     cfg: &P2pConfig,
     view: &View,
     peer: &PeerId,
     h: &FrameHeader,
     kind: Kind,
+    coded: bool,
 ) -> Result<(Header, Rank), Reject> {
     let push = kind == Kind::PushSum;
+    if coded {
+        check_coded(cfg, h)?;
+    }
     let as_frame = Header {
         version: WIRE_VERSION,
         run_id: cfg.run.run_id.clone(),
@@ -526,8 +572,16 @@ pub(crate) fn check_frame(
         sender: peer.to_string(),
         round: h.round,
         kind,
-        dtype: DType::of(kind),
-        len: if push { h.total } else { h.len },
+        dtype: match (coded, push) {
+            (true, _) => DType::of_share(cfg.compress),
+            (false, true) => DType::F32,
+            (false, false) => DType::of(kind),
+        },
+        len: match (coded, push) {
+            (true, _) => cfg.payload_floats as u64,
+            (false, true) => h.total,
+            (false, false) => h.len,
+        },
         weight: h.weight,
         checksum: 0,
         step: h.step,
@@ -548,4 +602,28 @@ pub(crate) fn check_frame(
         });
     }
     Ok((as_frame, from))
+}
+
+/// A compressed share's lane frame: a run that compresses, one whole part
+/// of exactly the codec's size.
+fn check_coded(cfg: &P2pConfig, h: &FrameHeader) -> Result<(), Reject> {
+    let codec = cfg.compress;
+    if codec.is_none() {
+        return Err(Reject::MalformedHeader(
+            "a compressed share in a run that sends shares uncompressed".into(),
+        ));
+    }
+    let want = crate::compress::encoded_bytes(codec, cfg.payload_floats) as u64;
+    if h.parts != 1 || h.offset != 0 || h.len != h.total || h.total != want {
+        return Err(Reject::Coded(crate::compress::CodecError {
+            codec: codec.to_string(),
+            field: "length",
+            detail: format!(
+                "is {} bytes at offset {} of {} in part {} of {}; a share of {} values takes \
+                 {want} bytes in one part",
+                h.len, h.offset, h.total, h.part, h.parts, cfg.payload_floats
+            ),
+        }));
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 0 | kind ([`FrameKind`]) |
+//! | 0 | kind ([`FrameKind`]; a compressed share is its own kind) |
 //! | 1..4 | zero |
 //! | 4..6, 6..8 | part, parts (u16 LE): this frame's piece of a message |
 //! | 8..16 | sequence (u64 LE): the sender's count of its shares, or of its all-reduce pieces |
@@ -35,6 +35,9 @@ pub enum FrameKind {
     Probe,
     /// The sender's last frame on this connection.
     End,
+    /// A compressed push-sum share, whole in one part: `len` and `total`
+    /// are its bytes (the run's codec says how to read them).
+    Coded,
 }
 
 impl FrameKind {
@@ -46,6 +49,7 @@ impl FrameKind {
             FrameKind::Tensor(Kind::Gather) => 4,
             FrameKind::Probe => 5,
             FrameKind::End => 6,
+            FrameKind::Coded => 7,
         }
     }
 
@@ -57,6 +61,7 @@ impl FrameKind {
             4 => FrameKind::Tensor(Kind::Gather),
             5 => FrameKind::Probe,
             6 => FrameKind::End,
+            7 => FrameKind::Coded,
             _ => return None,
         })
     }
@@ -66,7 +71,7 @@ impl FrameKind {
         match self {
             FrameKind::Tensor(Kind::Gather) => 8,
             FrameKind::Tensor(_) => 4,
-            FrameKind::Probe => 1,
+            FrameKind::Probe | FrameKind::Coded => 1,
             FrameKind::End => 0,
         }
     }

@@ -23,13 +23,15 @@
 //! view, round window and finiteness are checked as on the libp2p streams
 //! ([`super::inbound::check_header`]).
 
+mod alive;
 pub(crate) mod conn;
 pub(crate) mod crypto;
 pub mod frame;
 mod offer;
+mod order;
 mod probe;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,87 +42,19 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, oneshot};
 
+pub use super::config::{DataLane, MAX_CONNECTIONS, default_connections};
 use super::links::{Link, Outgoing};
-use super::payload::LeBytes;
-use super::state::{ReduceMsg, Shared, View, lock};
-use super::wire::{Header, Kind};
+use super::state::{ReduceMsg, Shared, View};
+use super::wire::{DType, Header, Kind};
+use crate::sync::lock;
 use crypto::{LaneKeys, SESSION_ID};
 use frame::{FrameHeader, FrameKind};
+pub(crate) use order::{ReduceOrder, ShareAssembly};
 
-/// How tensor bytes travel between members.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DataLane {
-    /// The lane, every record sealed with AES-256-GCM (the default).
-    #[default]
-    Encrypted,
-    /// The lane without the cipher: the connections are still set up only
-    /// by peers that hold the lane's key (for a private network one trusts).
-    Plaintext,
-    /// No lane: tensors go over libp2p streams like the control messages.
-    Libp2p,
-}
-
-impl DataLane {
-    pub fn name(self) -> &'static str {
-        match self {
-            DataLane::Encrypted => "encrypted",
-            DataLane::Plaintext => "plaintext",
-            DataLane::Libp2p => "libp2p",
-        }
-    }
-
-    fn code(self) -> u8 {
-        match self {
-            DataLane::Encrypted => 1,
-            DataLane::Plaintext => 2,
-            DataLane::Libp2p => 3,
-        }
-    }
-}
-
-impl std::fmt::Display for DataLane {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for DataLane {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "encrypted" => Ok(DataLane::Encrypted),
-            "plaintext" => Ok(DataLane::Plaintext),
-            "libp2p" => Ok(DataLane::Libp2p),
-            other => Err(format!(
-                "`{other}` is not a data lane: expected encrypted, plaintext or libp2p"
-            )),
-        }
-    }
-}
-
-/// Connections per direction when the configuration does not say: one per
-/// core, 2 to 8.
-pub fn default_connections() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        .clamp(2, 8)
-}
-
-/// Most connections per direction a peer may open.
-pub const MAX_CONNECTIONS: usize = 64;
 /// Smallest part a message is cut into (smaller messages go whole).
 const MIN_PART: usize = 256 << 10;
 /// Frames a connection's writer may hold queued.
 const WRITER_QUEUE: usize = 2;
-/// All-reduce parts held back waiting for an earlier one.
-const MAX_HELD: usize = 4096;
-/// How far a share may be ahead of the next one in the sender's order (a
-/// sender has at most one share per round in flight to us, and rounds stay
-/// within the round window, at most 256).
-const MAX_SHARES_AHEAD: u64 = 256;
-
 /// One part to write on a connection.
 pub(crate) enum Job {
     Frame {
@@ -130,55 +64,6 @@ pub(crate) enum Job {
     },
     /// Writes the end frame and waits for the receiver's confirmation.
     End(oneshot::Sender<()>),
-}
-
-/// All-reduce parts put back in the sender's order.
-#[derive(Default)]
-pub(crate) struct ReduceOrder {
-    next: u64,
-    held: BTreeMap<u64, ReduceMsg>,
-}
-
-impl ReduceOrder {
-    /// Files part `sequence`; returns the parts now next in order.
-    pub(crate) fn file(&mut self, sequence: u64, msg: ReduceMsg) -> Result<Vec<ReduceMsg>, String> {
-        if sequence < self.next || self.held.contains_key(&sequence) {
-            return Err(format!("all-reduce part {sequence} came twice"));
-        }
-        if self.held.len() >= MAX_HELD {
-            return Err(format!(
-                "more than {MAX_HELD} all-reduce parts ahead of part {}",
-                self.next
-            ));
-        }
-        self.held.insert(sequence, msg);
-        let mut ready = Vec::new();
-        while let Some(msg) = self.held.remove(&self.next) {
-            self.next += 1;
-            ready.push(msg);
-        }
-        Ok(ready)
-    }
-}
-
-/// Push-sum shares put together from their parts and handed on in the
-/// sender's order.
-#[derive(Default)]
-pub(crate) struct ShareAssembly {
-    /// Shares being assembled, by the sender's count.
-    shares: Mutex<HashMap<u64, Assembly>>,
-    /// Whole shares waiting for an earlier one: the inbox takes a sender's
-    /// shares in the order they were sent.
-    order: Mutex<BTreeMap<u64, (u64, f64, LeBytes)>>,
-    next: AtomicU64,
-}
-
-/// A push-sum share whose parts are arriving.
-struct Assembly {
-    round: u64,
-    parts: u16,
-    weight: f64,
-    got: Vec<(u16, usize, Vec<u8>)>,
 }
 
 /// The lane between us and one peer in one view: a view change starts
@@ -209,6 +94,10 @@ pub(crate) struct Session {
     /// Our count of push-sum shares sent.
     share_sequence: AtomicU64,
     pub(crate) shares: ShareAssembly,
+    /// The peer's lane addresses (we dial them), for the liveness probe.
+    peer_addrs: Mutex<Vec<String>>,
+    /// A liveness probe is under way (one at a time).
+    probing: std::sync::atomic::AtomicBool,
 }
 
 /// The lanes of one node: the listener and a session per peer.
@@ -224,7 +113,26 @@ pub(crate) struct Lanes {
     /// Probe bytes received (the transport benchmark).
     pub probe_bytes: AtomicU64,
     pub probe_arrived: Notify,
+    /// Told when a lane connection of a current session broke and the
+    /// peer's lane port refuses connections: its process is gone.
+    on_loss: std::sync::OnceLock<LossHook>,
+    /// The control plane, for offers made from the acceptor.
+    control: libp2p_stream::Control,
+    /// Offers of ours under way (one per peer and view).
+    offering: Mutex<std::collections::HashSet<(PeerId, u64)>>,
+    /// Connections per direction to each peer of the current view: the
+    /// configured number, fewer when the view's lanes go to many peers.
+    per_peer: AtomicUsize,
 }
+
+/// Lane connections one node dials in one view, over all its peers: with
+/// many lane peers (a large view) each gets fewer, so that a node's file
+/// descriptors stay bounded.
+pub const LANE_CONNECTION_BUDGET: usize = 16;
+
+/// What the node does when a peer's process is found gone (the view
+/// protocol suspects it).
+pub(crate) type LossHook = Box<dyn Fn(&PeerId, &str) + Send + Sync>;
 
 fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
     addr.iter().find_map(|p| match p {
@@ -274,11 +182,61 @@ impl Lanes {
             changed: Notify::new(),
             probe_bytes: AtomicU64::new(0),
             probe_arrived: Notify::new(),
+            on_loss: std::sync::OnceLock::new(),
+            control: control.clone(),
+            offering: Mutex::new(Default::default()),
+            per_peer: AtomicUsize::new(shared.cfg.lane_connections.clamp(1, MAX_CONNECTIONS)),
         });
         tokio::spawn(conn::accept_loop(shared.clone(), lanes.clone(), listener));
         offer::spawn_acceptor(shared, &lanes, control)?;
         tracing::debug!(port, %mode, "data lane listening");
         Ok(Some(lanes))
+    }
+
+    /// The lane connections (dialed and accepted) of view `view`, per peer.
+    pub(crate) fn connections_in(&self, view: u64) -> Vec<(PeerId, usize)> {
+        lock(&self.by_peer)
+            .iter()
+            .filter(|((_, v), _)| *v == view)
+            .map(|((peer, _), s)| (*peer, lock(&s.writers).len() + lock(&s.accepted).len()))
+            .collect()
+    }
+
+    /// Sets what happens when a peer's process is found gone.
+    pub(crate) fn on_loss(&self, hook: LossHook) {
+        let _ = self.on_loss.set(hook);
+    }
+
+    /// A connection of `session` broke without the end frame: a peer that
+    /// ends or retires a lane says so, so either its process is gone or the
+    /// path to it broke. A connection attempt to its lane port tells the
+    /// first at once (refused: nothing listens there any more); the loss
+    /// hook then suspects it. An accepted attempt (the peer lives) or no
+    /// answer (the path, or its machine) leaves the verdict to the peer
+    /// timeout.
+    pub(crate) fn broken(self: &Arc<Self>, shared: &Arc<Shared>, session: &Arc<Session>) {
+        if session.closed.load(Ordering::SeqCst)
+            || shared.stopping.load(Ordering::Relaxed)
+            || session.probing.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let addrs = lock(&session.peer_addrs).clone();
+        let (lanes, shared, session) = (self.clone(), shared.clone(), session.clone());
+        tokio::spawn(async move {
+            let gone = alive::process_gone(&addrs).await;
+            session.probing.store(false, Ordering::SeqCst);
+            if gone
+                && !session.closed.load(Ordering::SeqCst)
+                && !shared.stopping.load(Ordering::Relaxed)
+                && let Some(hook) = lanes.on_loss.get()
+            {
+                hook(
+                    &session.peer,
+                    "its data lane connection broke and its lane port refuses connections",
+                );
+            }
+        });
     }
 
     /// The addresses we announce in an offer.
@@ -297,27 +255,41 @@ impl Lanes {
 
     /// Retires the sessions of earlier views and offers lanes for `view` to
     /// its members whose id is above ours (they offer to us otherwise).
-    pub fn connect_view(
-        self: &Arc<Self>,
-        shared: &Arc<Shared>,
-        control: &libp2p_stream::Control,
-        view: &View,
-    ) {
+    pub fn connect_view(self: &Arc<Self>, shared: &Arc<Shared>, view: &View) {
         self.retire_before(view.number);
+        let Some(rank) = view.rank_of(&shared.local) else {
+            return;
+        };
         let local = shared.local.to_bytes();
-        for peer in &view.members {
+        let set = shared.cfg.lane_set(rank, view.members.len());
+        let per_peer = (LANE_CONNECTION_BUDGET / set.len().max(1)).clamp(1, self.connections);
+        self.per_peer.store(per_peer, Ordering::Relaxed);
+        for r in set {
+            let peer = view.members[r];
             if peer.to_bytes() > local {
-                tokio::spawn(offer::offer(
-                    shared.clone(),
-                    self.clone(),
-                    control.clone(),
-                    *peer,
-                    view.number,
-                ));
+                self.offer(shared, peer, view.number);
             }
         }
     }
 
+    /// Offers a lane for `view` to `peer` (in the background), unless one
+    /// is up or offered already.
+    pub(crate) fn offer(self: &Arc<Self>, shared: &Arc<Shared>, peer: PeerId, view: u64) {
+        if lock(&self.by_peer).contains_key(&(peer, view))
+            || !lock(&self.offering).insert((peer, view))
+        {
+            return;
+        }
+        let (shared, lanes) = (shared.clone(), self.clone());
+        tokio::spawn(async move {
+            offer::offer(shared, lanes.clone(), lanes.control.clone(), peer, view).await;
+            lock(&lanes.offering).remove(&(peer, view));
+        });
+    }
+
+    /// Takes a session on; an earlier one for the same peer and view (an
+    /// offer tried again after its answer was lost) is closed. Only the
+    /// lower peer id of a pair offers, so both ends agree on the newest.
     fn register(&self, session: Arc<Session>) {
         lock(&self.sessions).insert(session.id, session.clone());
         let key = (session.peer, session.view);
@@ -426,7 +398,9 @@ impl Session {
             order: Mutex::new(ReduceOrder::default()),
             forward,
             share_sequence: AtomicU64::new(0),
-            shares: ShareAssembly::default(),
+            shares: ShareAssembly::new(shared.cfg.round_window),
+            peer_addrs: Mutex::new(Vec::new()),
+            probing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -454,8 +428,10 @@ impl Session {
         }
         let size = h.dtype.size() as usize;
         let elements = payload.len() / size;
+        // A compressed share is read whole by its decoder.
+        let coded = h.kind == Kind::PushSum && h.dtype != DType::F32;
         // A gather block's offset is a rank, not a place: it goes whole.
-        let parts = if h.kind == Kind::Gather {
+        let parts = if h.kind == Kind::Gather || coded {
             1
         } else {
             writers.len().min(payload.len().div_ceil(MIN_PART)).max(1)
@@ -471,7 +447,11 @@ impl Session {
             let start = elements * part / parts;
             let end = elements * (part + 1) / parts;
             let header = FrameHeader {
-                kind: FrameKind::Tensor(h.kind),
+                kind: if coded {
+                    FrameKind::Coded
+                } else {
+                    FrameKind::Tensor(h.kind)
+                },
                 part: part as u16,
                 parts: parts as u16,
                 sequence: if push {
@@ -488,7 +468,7 @@ impl Session {
                     h.offset + start as u64
                 },
                 len: (end - start) as u64,
-                total: h.total,
+                total: if coded { elements as u64 } else { h.total },
                 // The scalar rides on the first part only.
                 weight: if push || part == 0 { h.weight } else { 0.0 },
             };
@@ -534,96 +514,26 @@ impl Session {
     }
 }
 
-impl ShareAssembly {
-    /// Files a push-sum part; hands the shares that are now whole and next
-    /// in the sender's order to `deliver` as (round, weight, share), in that
-    /// order (under a lock, so that no other connection's share overtakes).
-    pub(crate) fn add_part(
-        &self,
-        h: &FrameHeader,
-        payload: Vec<u8>,
-        deliver: &mut dyn FnMut(u64, f64, LeBytes) -> Result<(), String>,
-    ) -> Result<(), String> {
-        let seq = h.sequence;
-        let mut shares = lock(&self.shares);
-        let next = self.next.load(Ordering::SeqCst);
-        if seq < next {
-            return Err(format!("share {seq} (round {}) came twice", h.round));
-        }
-        if seq - next >= MAX_SHARES_AHEAD {
-            return Err(format!(
-                "share {seq} is {} ahead of share {next}, still missing (at most \
-                 {MAX_SHARES_AHEAD})",
-                seq - next
-            ));
-        }
-        if !shares.contains_key(&seq) && shares.len() >= MAX_HELD {
-            return Err(format!("more than {MAX_HELD} shares being assembled"));
-        }
-        let a = shares.entry(seq).or_insert_with(|| Assembly {
-            round: h.round,
-            parts: h.parts,
-            weight: h.weight,
-            got: Vec::new(),
-        });
-        if a.round != h.round || a.parts != h.parts || a.weight.to_bits() != h.weight.to_bits() {
-            return Err(format!(
-                "share {seq} announced as round {} in {} parts of weight {} and as round {} in \
-                 {} of weight {}",
-                a.round, a.parts, a.weight, h.round, h.parts, h.weight
-            ));
-        }
-        if a.got.iter().any(|(p, _, _)| *p == h.part) {
-            return Err(format!("part {} of round {} came twice", h.part, h.round));
-        }
-        a.got.push((h.part, h.offset as usize, payload));
-        if a.got.len() < a.parts as usize {
-            return Ok(());
-        }
-        let mut a = shares.remove(&seq).expect("present above");
-        drop(shares);
-        a.got.sort_by_key(|(p, _, _)| *p);
-        let mut next = 0;
-        for (_, offset, bytes) in &a.got {
-            if *offset != next {
-                return Err(format!(
-                    "the parts of round {}'s share leave a gap or overlap at element {next}",
-                    h.round
-                ));
-            }
-            next += bytes.len() / 4;
-        }
-        if next as u64 != h.total {
-            return Err(format!(
-                "the parts of round {}'s share hold {next} of {} elements",
-                h.round, h.total
-            ));
-        }
-        let parts = a.got.into_iter().map(|(_, o, b)| (o, b)).collect();
-        let mut order = lock(&self.order);
-        order.insert(seq, (a.round, a.weight, LeBytes::parts(parts)));
-        loop {
-            let next = self.next.load(Ordering::SeqCst);
-            let Some((round, weight, share)) = order.remove(&next) else {
-                return Ok(());
-            };
-            self.next.store(next + 1, Ordering::SeqCst);
-            deliver(round, weight, share)?;
-        }
-    }
-}
-
 /// A link that sends its frames over the lane to `peer`: the same queue as
 /// a libp2p link ([`Link`]), so the callers do not know which it is.
+/// Where a link's lane comes from.
+pub(crate) enum LaneSource {
+    /// The view's lanes (`Lanes::connect_view`): waited for at once.
+    View,
+    /// A peer outside them: offered when the first message goes there.
+    OnDemand,
+}
+
 pub(crate) fn spawn_link(
     shared: Arc<Shared>,
     lanes: Arc<Lanes>,
     peer: PeerId,
     view: u64,
     depth: usize,
+    source: LaneSource,
 ) -> Link {
     let (queue, rx) = mpsc::channel(depth.max(1));
-    let task = tokio::spawn(run_link(shared, lanes, peer, view, rx));
+    let task = tokio::spawn(run_link(shared, lanes, peer, view, rx, source));
     Link { peer, queue, task }
 }
 
@@ -633,10 +543,21 @@ async fn run_link(
     peer: PeerId,
     view: u64,
     mut rx: mpsc::Receiver<Outgoing>,
+    source: LaneSource,
 ) {
     let wait = shared.cfg.peer_timeout.max(shared.cfg.join_timeout);
+    let mut first = None;
+    if let LaneSource::OnDemand = source {
+        // Nothing to set up until a message goes there.
+        let Some(msg) = rx.recv().await else { return };
+        // The lower id offers; from the higher one, the offer asks the
+        // peer to make one (`offer::take`).
+        lanes.offer(&shared, peer, view);
+        first = Some(msg);
+    }
     let Some(session) = lanes.ready(&peer, view, wait).await else {
         tracing::error!(%peer, "no data lane to {peer} in view {view} within {wait:?}; its frames are dropped");
+        drop(first);
         while let Some(msg) = rx.recv().await {
             if let Ok(buf) = Arc::try_unwrap(msg.payload) {
                 shared.pool.give(buf);
@@ -645,7 +566,10 @@ async fn run_link(
         return;
     };
     session.users.fetch_add(1, Ordering::SeqCst);
-    while let Some(msg) = rx.recv().await {
+    while let Some(msg) = match first.take() {
+        Some(m) => Some(m),
+        None => rx.recv().await,
+    } {
         let header: Result<Header, _> = cbor4ii::serde::from_slice(&msg.header[4..]);
         match header {
             // The writers count the bytes as they go on the wire.

@@ -24,6 +24,11 @@ pub const LANE_PROTOCOL: &str = "/slowmo/lane/2";
 const OFFER_VERSION: u16 = 2;
 const MAX_MESSAGE: u32 = 4096;
 const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The refusal of an offer from the higher peer id of a pair: the lower one
+/// offers instead (a lane is needed outside the view's lanes, and the
+/// higher end wanted it first). One offerer per pair keeps both ends on the
+/// same session.
+const LOWER_OFFERS: &str = "the lower peer id offers";
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Offer {
@@ -97,7 +102,10 @@ pub(crate) async fn offer(
                 return;
             }
             Ok(Err(e)) if e.starts_with("refused") => {
-                if e.contains("we are in view") {
+                if e.contains(LOWER_OFFERS) {
+                    // It offers instead; our link waits for that lane.
+                    tracing::debug!(%peer, "{peer} offers the lane to us instead");
+                } else if e.contains("we are in view") {
                     // The peer is a view ahead of us: we follow soon.
                     tracing::debug!(%peer, "{peer} {e}");
                 } else {
@@ -180,11 +188,20 @@ pub(crate) fn spawn_acceptor(
                     .await
                 {
                     Ok(Ok(())) => {}
+                    Ok(Err(e)) if e == LOWER_OFFERS => {
+                        tracing::debug!(%peer, "{peer} asked for a data lane: we offer it");
+                    }
                     Ok(Err(e)) => {
                         shared.counters.dropped();
-                        tracing::warn!(%peer, "refused a data lane offer from {peer}: {e}");
+                        if let Some(held) = shared.warnings.admit("lane-offer") {
+                            tracing::warn!(%peer, "refused a data lane offer from {peer}: {e}{held}");
+                        }
                     }
-                    Err(_) => tracing::warn!(%peer, "a data lane offer from {peer} took too long"),
+                    Err(_) => {
+                        if let Some(held) = shared.warnings.admit("lane-offer-slow") {
+                            tracing::warn!(%peer, "a data lane offer from {peer} took too long{held}");
+                        }
+                    }
                 }
             });
         }
@@ -227,6 +244,9 @@ async fn take(
         if view.rank_of(&peer).is_none() {
             return Err(format!("not a member of view {}", view.number));
         }
+        if peer.to_bytes() > shared.local.to_bytes() {
+            return Err(LOWER_OFFERS.to_string());
+        }
         if offer.run_id != shared.cfg.run.run_id {
             return Err(format!(
                 "run `{}`, ours is `{}`",
@@ -243,6 +263,9 @@ async fn take(
     }
     .await;
     if let Err(why) = refusal {
+        if why == LOWER_OFFERS {
+            lanes.offer(shared, peer, offer.view);
+        }
         let answer = Answer {
             refusal: why.clone(),
             contribution: Vec::new(),
@@ -281,4 +304,28 @@ fn superseded_view(shared: &Shared, view: u64) -> bool {
         .borrow()
         .as_ref()
         .is_some_and(|v| v.number > view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_offer_with_the_longest_run_id_fits_the_message_limit() {
+        // Sixteen IPv6 addresses of the longest form.
+        let addrs = (0..16)
+            .map(|i| format!("[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff{i:02x}]:65535"))
+            .collect();
+        let offer = Offer {
+            version: OFFER_VERSION,
+            run_id: "r".repeat(crate::p2p::MAX_RUN_ID_BYTES),
+            view: u64::MAX,
+            mode: "plaintext".into(),
+            session: vec![0xff; SESSION_ID],
+            contribution: vec![0xff; CONTRIBUTION],
+            addrs,
+        };
+        let body = cbor4ii::serde::to_vec(Vec::new(), &offer).unwrap();
+        assert!(body.len() <= MAX_MESSAGE as usize, "{} bytes", body.len());
+    }
 }

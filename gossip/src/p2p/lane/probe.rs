@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::frame::{FrameHeader, FrameKind};
 use super::{Job, MIN_PART, Session};
-use crate::p2p::P2pComm;
+use crate::p2p::comm::P2pComm;
 use crate::{CommError, Rank};
 
 impl Session {
@@ -45,9 +45,8 @@ impl P2pComm {
     /// `--data-lane libp2p`). For tests that knock on the lane by hand.
     #[doc(hidden)]
     pub fn lane_addrs(&self) -> Vec<String> {
-        self.shared
-            .lanes
-            .get()
+        self.lanes
+            .as_ref()
             .map(|l| l.announced())
             .unwrap_or_default()
     }
@@ -64,20 +63,20 @@ impl P2pComm {
         rounds: u64,
         until_received: u64,
     ) -> Result<f64, CommError> {
-        let lanes = self.shared.lanes.get().cloned().ok_or_else(|| {
-            CommError::Other("this node has no data lane (--data-lane libp2p)".into())
+        let lanes = self.lanes.clone().ok_or_else(|| {
+            CommError::Unsupported("this node has no data lane (--data-lane libp2p)".into())
         })?;
         let peer = *self
             .view
             .members
             .get(rank)
-            .ok_or_else(|| CommError::Other(format!("no rank {rank} in the view")))?;
+            .ok_or_else(|| CommError::Misuse(format!("no rank {rank} in the view")))?;
         let wait = self.shared.cfg.peer_timeout;
         let view = self.view.number;
         let rt = self.runtime()?;
         rt.block_on(async move {
             let session = lanes.ready(&peer, view, wait).await.ok_or_else(|| {
-                CommError::Other(format!("no data lane to {peer} within {wait:?}"))
+                CommError::Network(format!("no data lane to {peer} within {wait:?}"))
             })?;
             let payload = Arc::new(vec![7u8; bytes]);
             let start = Instant::now();
@@ -97,7 +96,7 @@ impl P2pComm {
                 Ok::<_, String>(())
             };
             let (sent, ()) = tokio::join!(sending, receiving);
-            sent.map_err(CommError::Other)?;
+            sent.map_err(CommError::Network)?;
             Ok(start.elapsed().as_secs_f64())
         })
     }

@@ -1,0 +1,284 @@
+//! The communicator's operations: push-sum (the network's half of the
+//! shared send path, [`ShareSink`]) and the collectives on the ring.
+
+use crate::compress::{encode_share, encoded_bytes};
+use std::sync::Arc;
+
+use super::allreduce::Ring;
+use super::comm::P2pComm;
+use super::links::Outgoing;
+use super::payload;
+use super::wait::{Stopped, block_on_active};
+use super::wire::{self, DType, Header, Kind, WIRE_VERSION};
+use crate::ledger::{Ledger, ShareSink, Waiting, check_round, send_half};
+use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank};
+
+impl P2pComm {
+    fn collect(
+        &mut self,
+        wait_up_to: Option<u64>,
+        x: &mut [f32],
+        w: &mut f64,
+        op: &'static str,
+    ) -> Result<(), CommError> {
+        let view = self.view.clone();
+        let name = move |r: Rank| {
+            view.members
+                .get(r)
+                .map(|p| p.to_string())
+                .unwrap_or_default()
+        };
+        let members = self.view.clone();
+        let shared = self.shared.clone();
+        let timeout = shared.cfg.peer_timeout;
+        let deadline = move |r: Rank, started: std::time::Instant| match members.members.get(r) {
+            Some(peer) => shared.activity.deadline(peer, started, timeout),
+            None => started + timeout,
+        };
+        let check_shared = self.shared.clone();
+        let check = move || check_shared.check();
+        let waiting = Waiting {
+            timeout,
+            deadline: &deadline,
+            peer_name: &name,
+            check: &check,
+        };
+        let pool = &self.shared.pool;
+        let result = self.push.collect(
+            &self.shared.push_inbox,
+            &waiting,
+            wait_up_to,
+            x,
+            w,
+            op,
+            &mut |share| share.recycle(pool),
+        );
+        if let Err(CommError::PeerTimeout { rank, .. }) = &result
+            && let Some(peer) = self.view.members.get(*rank)
+        {
+            self.shared.observed.timed_out(peer);
+        }
+        result
+    }
+    /// Runs `f` on the ring of the next collective; `None` in a run of one.
+    fn on_ring<T>(
+        &mut self,
+        operation: &'static str,
+        f: impl FnOnce(&mut Ring<'_>) -> Result<T, CommError>,
+    ) -> Result<Option<T>, CommError> {
+        self.runtime()?;
+        self.seq += 1;
+        let rt = self
+            .rt
+            .as_ref()
+            .ok_or_else(|| CommError::Closed("node stopped".into()))?;
+        if self.view.members.len() <= 1 || self.reduce_links.is_empty() {
+            return Ok(None);
+        }
+        let mut ring = Ring {
+            rt,
+            shared: &self.shared,
+            view: &self.view,
+            rank: self.rank,
+            links: &self.reduce_links,
+            inbox: &mut self.reduce_rx,
+            early: &mut self.early,
+            seq: self.seq,
+            operation,
+            lane: self.lanes.is_some(),
+        };
+        let out = f(&mut ring)?;
+        self.shared.collective_done();
+        Ok(Some(out))
+    }
+
+    fn all_reduce(
+        &mut self,
+        buf: &mut [f32],
+        scalar: &mut f64,
+        operation: &'static str,
+    ) -> Result<(), CommError> {
+        // A run of one has nothing to add.
+        self.on_ring(operation, |ring| ring.run(buf, scalar))
+            .map(drop)
+    }
+}
+
+/// The network's half of the shared push-sum send path: the share is scaled
+/// and encoded in one pass into a pooled buffer (the payload every out-peer
+/// gets, behind one `Arc`), and queued on each peer's link.
+impl ShareSink for P2pComm {
+    type Share = Outgoing;
+
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.push
+    }
+
+    fn scale_and_encode(
+        &mut self,
+        round: u64,
+        x: &mut [f32],
+        p: f32,
+        out_peers: usize,
+        w: f64,
+    ) -> Outgoing {
+        let lane = self.lanes.is_some();
+        let codec = self.shared.cfg.compress;
+        let buf = self.shared.pool.take(encoded_bytes(codec, x.len()));
+        let (payload, sum) = if codec.is_none() {
+            payload::scale_and_encode(lane, x, p, buf)
+        } else {
+            let bytes = encode_share(codec, x, p, out_peers, buf);
+            let sum = if lane { 0 } else { payload::checksum(&bytes) };
+            (bytes, sum)
+        };
+        let header = wire::encode_header(&Header {
+            version: WIRE_VERSION,
+            run_id: self.shared.cfg.run.run_id.clone(),
+            view: self.view.number,
+            sender: self.shared.local.to_string(),
+            round,
+            kind: Kind::PushSum,
+            dtype: DType::of_share(codec),
+            len: x.len() as u64,
+            weight: w,
+            checksum: sum,
+            step: 0,
+            offset: 0,
+            total: x.len() as u64,
+        });
+        Outgoing {
+            header,
+            payload: Arc::new(payload),
+        }
+    }
+
+    fn send_share(
+        &mut self,
+        peer: Rank,
+        round: u64,
+        msg: Outgoing,
+        _w: f64,
+    ) -> Result<(), CommError> {
+        let rt = self.runtime()?;
+        let link = self.push_links[peer]
+            .as_ref()
+            .expect("checked: not ourselves");
+        let timeout = self.shared.cfg.peer_timeout;
+        let send = link.queue.send(msg);
+        let now = std::time::Instant::now();
+        match block_on_active(rt, &self.shared, &link.peer, now, timeout, send) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(CommError::Closed(format!("link to rank {peer} is gone"))),
+            Err(Stopped::Alarm(e)) => Err(e),
+            Err(Stopped::Silent) => Err(CommError::PeerTimeout {
+                peer: link.peer.to_string(),
+                rank: peer,
+                round,
+                operation: "push-sum send",
+                timeout,
+            }),
+        }
+    }
+}
+
+impl Communicator for P2pComm {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.view.members.len()
+    }
+
+    /// A member lost, or a change another member began, is noticed as the
+    /// next base step begins, not only at the next exchange: a local-SGD
+    /// run does not compute on to its barrier in a view that is over, and
+    /// the step a change begins at is the simulator's.
+    fn base_step(&mut self, _step: u64) -> Result<(), CommError> {
+        self.shared.check()
+    }
+
+    fn push_sum(
+        &mut self,
+        round: &PushSumRound<'_>,
+        x: &mut [f32],
+        w: &mut f64,
+    ) -> Result<(), CommError> {
+        let expected = self.shared.cfg.payload_floats;
+        if x.len() != expected {
+            return Err(CommError::ShapeMismatch {
+                expected,
+                got: x.len(),
+            });
+        }
+        check_round(round, self.rank, self.view.members.len())?;
+        self.runtime()?;
+        self.push
+            .begin(&self.shared.push_inbox, round.round, round.in_peers)?;
+        send_half(round, x, w, self)?;
+        let wait = round.round.checked_sub(round.staleness);
+        self.collect(wait, x, w, "push-sum")
+    }
+
+    fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
+        Ok(self.push.arrived(&self.shared.push_inbox, up_to))
+    }
+
+    fn drain(&mut self, x: &mut [f32], w: &mut f64) -> Result<(), CommError> {
+        let expected = self.shared.cfg.payload_floats;
+        if x.len() != expected {
+            return Err(CommError::ShapeMismatch {
+                expected,
+                got: x.len(),
+            });
+        }
+        self.runtime()?;
+        self.collect(Some(u64::MAX), x, w, "drain")
+    }
+
+    fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
+        self.all_reduce(buf, scalar, "all-reduce")
+    }
+
+    fn barrier(&mut self) -> Result<(), CommError> {
+        self.all_reduce(&mut [], &mut 0.0, "barrier")
+    }
+
+    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
+        let gathered = self.on_ring("all-gather", |ring| ring.gather(values))?;
+        Ok(gathered.unwrap_or_else(|| vec![values.to_vec()]))
+    }
+
+    fn change_view(&mut self, last_barrier: u64) -> Result<crate::ViewChange, CommError> {
+        self.change_view_p2p(last_barrier)
+    }
+
+    fn at_barrier(&mut self, _round: u64) -> Result<bool, CommError> {
+        self.at_barrier_p2p()
+    }
+
+    fn joiners_waiting(&self) -> usize {
+        self.joiners_waiting_p2p()
+    }
+
+    fn send_state(&mut self, state: &[u8]) -> Result<(), CommError> {
+        self.send_state_p2p(state)
+    }
+
+    fn rejoin(&mut self) -> Result<crate::Admission, CommError> {
+        self.rejoin_p2p()
+    }
+
+    fn interrupt_handle(&self) -> Option<crate::Interrupt> {
+        Some(self.shared.interrupt.clone())
+    }
+
+    fn stats(&self) -> CommStats {
+        self.shared.counters.snapshot()
+    }
+
+    fn push_sum_mass(&self) -> PushSumMass {
+        self.push.mass()
+    }
+}

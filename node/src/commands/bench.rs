@@ -1,0 +1,636 @@
+//! `slowmo bench`: how fast the libp2p communicator moves tensors (the
+//! simulator's benchmark is in [`crate::commands::bench_sim`]).
+//!
+//! Figures are printed, never asserted. `transport` measures one link
+//! between two processes (this one and a copy of itself, started with the
+//! same command line and told its role through `SLOWMO_BENCH_PEER`, so the
+//! child works however the command is wired into the CLI): push-sum shares
+//! both ways over QUIC and over TCP + Noise + Yamux, against plain
+//! unencrypted TCP sockets doing the same exchange. `allreduce` times the
+//! exact average over real [`P2pComm`] nodes on threads of this process.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use slowmo_gossip::p2p::lane::default_connections;
+use slowmo_gossip::p2p::{DataLane, P2pComm, P2pConfig, RunIdentity};
+use slowmo_gossip::{Communicator, PushSumRound};
+
+/// Environment variable that turns a re-executed copy into the far end.
+const PEER_ENV: &str = "SLOWMO_BENCH_PEER";
+
+/// Benchmarks of the network layer.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Simulator overhead: m workers in one process against the same
+    /// workers computing with no communication.
+    Simulator {
+        /// Worker counts to measure.
+        #[arg(long, value_delimiter = ',', default_value = "8,64")]
+        workers: Vec<usize>,
+        /// Timed steps per worker (after a short warm-up).
+        #[arg(long, default_value_t = 200)]
+        steps: u64,
+        /// Bases under SlowMo's defaults: ar-sgd, local-sgd, sgp, osgp.
+        #[arg(long, value_delimiter = ',', default_value = "local-sgd,sgp,ar-sgd")]
+        bases: Vec<slowmo_optim::Base>,
+        /// Model: mlp or cnn.
+        #[arg(long, default_value = "mlp")]
+        model: crate::model::ModelKind,
+        /// Measurements of each rate; the best counts.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
+    /// Throughput of one link between two processes, both directions at
+    /// once: the data lane (encrypted and plaintext) with bytes only and
+    /// with push-sum shares, libp2p streams (QUIC, TCP+Noise+Yamux) with
+    /// push-sum shares, and plain TCP for reference.
+    Transport {
+        /// Message sizes in MiB.
+        #[arg(long, value_delimiter = ',', default_value = "4,64,256")]
+        sizes_mib: Vec<usize>,
+        /// Exchanges timed per size (after one warm-up).
+        #[arg(long, default_value_t = 5)]
+        rounds: u64,
+        /// Which links to measure: any of plain, lane, lane-plaintext, quic, tcp.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "plain,lane,lane-plaintext,quic,tcp"
+        )]
+        links: Vec<String>,
+        /// What moves on the lane: bytes (pure transport), push-sum, or both.
+        #[arg(long, default_value = "both")]
+        mode: String,
+        /// Lane connections per direction [default: one per core, 2 to 8].
+        #[arg(long)]
+        lane_connections: Option<usize>,
+        /// Print the figures as one JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time and bandwidth of the exact average over local nodes.
+    Allreduce {
+        /// Number of nodes (threads of this process, each a real libp2p node).
+        #[arg(long, default_value_t = 4)]
+        nodes: usize,
+        /// Floats per node (a list measures each size).
+        #[arg(long, value_delimiter = ',', default_value = "10000000")]
+        floats: Vec<usize>,
+        /// Schedules to measure at each size: auto (what a run picks),
+        /// ring, direct (falls back to the ring where a segment takes more
+        /// than one message).
+        #[arg(long, value_delimiter = ',', default_value = "auto")]
+        schedule: Vec<String>,
+        /// Floats per all-reduce message [default: the run's, 1048576].
+        #[arg(long)]
+        chunk_floats: Option<usize>,
+        /// Timed all-reduces (after one warm-up).
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Control-plane transport: quic or tcp.
+        #[arg(long, default_value = "quic")]
+        transport: String,
+        /// Where the chunks go: encrypted, plaintext (the data lane) or libp2p.
+        #[arg(long, default_value = "encrypted")]
+        data_lane: DataLane,
+        /// Lane connections per direction [default: one per core, 2 to 8].
+        #[arg(long)]
+        lane_connections: Option<usize>,
+        /// Print the figures as one JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if let Ok(spec) = std::env::var(PEER_ENV) {
+        return run_peer(&spec);
+    }
+    match args.command {
+        BenchCommand::Simulator {
+            workers,
+            steps,
+            bases,
+            model,
+            repeats,
+        } => crate::commands::bench_sim::run(&workers, steps.max(1), &bases, model, repeats),
+        BenchCommand::Transport {
+            sizes_mib,
+            rounds,
+            links,
+            mode,
+            lane_connections,
+            json,
+        } => transport(
+            &sizes_mib,
+            rounds.max(1),
+            &links,
+            &mode,
+            lane_connections.unwrap_or_else(default_connections),
+            json,
+        ),
+        BenchCommand::Allreduce {
+            nodes,
+            floats,
+            schedule,
+            chunk_floats,
+            repeats,
+            transport,
+            data_lane,
+            lane_connections,
+            json,
+        } => allreduce(
+            nodes,
+            &floats,
+            &schedule,
+            chunk_floats,
+            repeats.max(1),
+            &transport,
+            data_lane,
+            lane_connections.unwrap_or_else(default_connections),
+            json,
+        ),
+    }
+}
+
+fn identity() -> RunIdentity {
+    RunIdentity {
+        run_id: "bench".into(),
+        config_hash: "bench".into(),
+        init_hash: "bench".into(),
+    }
+}
+
+fn listen_for(transport: &str) -> Result<Vec<String>> {
+    Ok(match transport {
+        "quic" => vec!["/ip4/127.0.0.1/udp/0/quic-v1".into()],
+        "tcp" => vec!["/ip4/127.0.0.1/tcp/0".into()],
+        other => bail!("--transport: `{other}` is neither quic nor tcp"),
+    })
+}
+
+fn p2p_config(
+    transport: &str,
+    nodes: usize,
+    floats: usize,
+    lane: DataLane,
+    k: usize,
+) -> Result<P2pConfig> {
+    Ok(P2pConfig::new(identity(), nodes, floats)
+        .with_listen(listen_for(transport)?)
+        .with_data_lane(lane)
+        .with_lane_connections(k)
+        .with_join_timeout(Duration::from_secs(60))
+        .with_peer_timeout(Duration::from_secs(120)))
+}
+
+fn spawn_peer(spec: &str) -> Result<Child> {
+    let exe = std::env::current_exe().context("locating our own executable")?;
+    Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env(PEER_ENV, spec)
+        .spawn()
+        .context("starting the benchmark peer process")
+}
+
+/// Bidirectional push-sum exchanges of `floats` floats; returns seconds for
+/// `rounds` timed exchanges.
+fn exchange(comm: &mut P2pComm, floats: usize, rounds: u64) -> Result<f64> {
+    let mut x: Vec<f32> = (0..floats).map(|i| (i % 1000) as f32).collect();
+    let mut w = 1.0;
+    let other = [1 - comm.rank()];
+    let mut start = Instant::now();
+    for round in 0..=rounds {
+        if round == 1 {
+            start = Instant::now(); // round 0 warms the streams up
+        }
+        let r = PushSumRound {
+            round,
+            out_peers: &other,
+            in_peers: &other,
+            staleness: 0,
+        };
+        comm.push_sum(&r, &mut x, &mut w)?;
+    }
+    comm.barrier()?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Plain TCP: both ends write and read `bytes` per round at once.
+fn plain_exchange(stream: TcpStream, bytes: usize, rounds: u64) -> Result<f64> {
+    stream.set_nodelay(true)?;
+    let mut reader = stream.try_clone()?;
+    let mut writer = stream;
+    let out = vec![7u8; bytes];
+    let mut buf = vec![0u8; bytes];
+    let mut start = Instant::now();
+    for round in 0..=rounds {
+        if round == 1 {
+            start = Instant::now();
+        }
+        std::thread::scope(|s| -> Result<()> {
+            let w = s.spawn(|| writer.write_all(&out));
+            reader.read_exact(&mut buf)?;
+            w.join()
+                .map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
+            Ok(())
+        })?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn gbits(bytes: f64, secs: f64) -> f64 {
+    bytes * 8.0 / secs / 1e9
+}
+
+/// A link kind of `bench transport`: its control transport and data lane.
+fn link_kind(link: &str) -> Option<(&'static str, DataLane)> {
+    Some(match link {
+        "lane" => ("tcp", DataLane::Encrypted),
+        "lane-plaintext" => ("tcp", DataLane::Plaintext),
+        "quic" => ("quic", DataLane::Libp2p),
+        "tcp" => ("tcp", DataLane::Libp2p),
+        _ => return None,
+    })
+}
+
+/// One measured figure of `bench transport`.
+#[derive(serde::Serialize)]
+struct Figure {
+    size_mib: usize,
+    link: String,
+    /// `bytes` (pure transport) or `push-sum`.
+    mode: &'static str,
+    gbit_s: f64,
+    ratio_to_plain_tcp: Option<f64>,
+}
+
+/// Measures `link` between two processes: pure transport and/or push-sum.
+fn measure_link(
+    link: &str,
+    mib: usize,
+    rounds: u64,
+    pure: bool,
+    push: bool,
+    k: usize,
+) -> Result<(Option<f64>, Option<f64>)> {
+    let (t, lane) = link_kind(link).expect("checked");
+    let bytes = mib << 20;
+    let floats = bytes / 4;
+    let total = (bytes as u64 * rounds) as f64;
+    let pure = pure && lane != DataLane::Libp2p;
+    let pending = P2pComm::bind(p2p_config(t, 2, floats, lane, k)?)?;
+    let boot = pending.listen_addrs().join(",");
+    let spec = format!("p2p;{link};{floats};{rounds};{pure};{push};{k};{boot}");
+    let mut child = spawn_peer(&spec)?;
+    let mut comm = pending.join()?;
+    let result = both_ends(&mut comm, bytes, rounds, pure, push);
+    comm.shutdown();
+    child.wait()?;
+    let (p, s) = result?;
+    Ok((
+        p.map(|secs| gbits(total, secs)),
+        s.map(|secs| gbits(total, secs)),
+    ))
+}
+
+/// What both processes run: seconds of the pure exchange and of the
+/// push-sum exchange.
+fn both_ends(
+    comm: &mut P2pComm,
+    bytes: usize,
+    rounds: u64,
+    pure: bool,
+    push: bool,
+) -> Result<(Option<f64>, Option<f64>)> {
+    let other = 1 - comm.rank();
+    let mut p = None;
+    if pure {
+        comm.lane_probe(other, bytes, 1, bytes as u64)?;
+        let until = bytes as u64 * (1 + rounds);
+        p = Some(comm.lane_probe(other, bytes, rounds, until)?);
+        comm.barrier()?;
+    }
+    let s = if push {
+        Some(exchange(comm, bytes / 4, rounds)?)
+    } else {
+        None
+    };
+    Ok((p, s))
+}
+
+fn transport(
+    sizes_mib: &[usize],
+    rounds: u64,
+    links: &[String],
+    mode: &str,
+    k: usize,
+    json: bool,
+) -> Result<()> {
+    for l in links {
+        if l != "plain" && link_kind(l).is_none() {
+            bail!("--links: `{l}` is none of plain, lane, lane-plaintext, quic, tcp");
+        }
+    }
+    let (pure, push) = match mode {
+        "bytes" => (true, false),
+        "push-sum" => (false, true),
+        "both" => (true, true),
+        other => bail!("--mode: `{other}` is none of bytes, push-sum, both"),
+    };
+    let mut figures = Vec::new();
+    if !json {
+        println!(
+            "one link, two processes, both directions at once; Gbit/s per direction; \
+             lane: {k} connections per direction"
+        );
+        println!(
+            "{:>8} {:>16} {:>10} {:>10} {:>10}",
+            "MiB", "link", "mode", "Gbit/s", "/plain"
+        );
+    }
+    for &mib in sizes_mib {
+        let bytes = mib << 20;
+        let total = (bytes as u64 * rounds) as f64;
+        let mut plain = None;
+        let row = |figures: &mut Vec<Figure>,
+                   plain: Option<f64>,
+                   link: &str,
+                   mode: &'static str,
+                   g: f64| {
+            let ratio = plain.map(|p: f64| g / p);
+            if !json {
+                let r = ratio.map_or("-".to_string(), |r| format!("{r:.2}"));
+                println!("{mib:>8} {link:>16} {mode:>10} {g:>10.2} {r:>10}");
+            }
+            figures.push(Figure {
+                size_mib: mib,
+                link: link.to_string(),
+                mode,
+                gbit_s: g,
+                ratio_to_plain_tcp: ratio,
+            });
+        };
+        if links.iter().any(|l| l == "plain") {
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            let addr = listener.local_addr()?;
+            let mut child = spawn_peer(&format!("plain;{bytes};{rounds};{addr}"))?;
+            let (stream, _) = listener.accept()?;
+            let secs = plain_exchange(stream, bytes, rounds)?;
+            child.wait()?;
+            let g = gbits(total, secs);
+            row(&mut figures, None, "plain-tcp", "bytes", g);
+            plain = Some(g);
+        }
+        for link in links.iter().filter(|l| *l != "plain") {
+            let (p, s) = measure_link(link, mib, rounds, pure, push, k)?;
+            if let Some(g) = p {
+                row(&mut figures, plain, link, "bytes", g);
+            }
+            if let Some(g) = s {
+                row(&mut figures, plain, link, "push-sum", g);
+            }
+        }
+    }
+    if json {
+        let doc = serde_json::json!({
+            "bench": "transport",
+            "rounds": rounds,
+            "lane_connections": k,
+            "unit": "Gbit/s per direction",
+            "figures": figures,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    }
+    Ok(())
+}
+
+/// The far end of `transport`.
+fn run_peer(spec: &str) -> Result<()> {
+    let parts: Vec<&str> = spec.split(';').collect();
+    match parts.as_slice() {
+        ["plain", bytes, rounds, addr] => {
+            let stream = TcpStream::connect(addr)?;
+            plain_exchange(stream, bytes.parse()?, rounds.parse()?)?;
+        }
+        ["p2p", link, floats, rounds, pure, push, k, boot] => {
+            let floats: usize = floats.parse()?;
+            let (t, lane) =
+                link_kind(link).ok_or_else(|| anyhow::anyhow!("unknown link `{link}`"))?;
+            let cfg = p2p_config(t, 2, floats, lane, k.parse()?)?
+                .with_bootstrap(boot.split(',').map(String::from));
+            let mut comm = P2pComm::start(cfg)?;
+            let r = both_ends(
+                &mut comm,
+                4 * floats,
+                rounds.parse()?,
+                pure.parse()?,
+                push.parse()?,
+            );
+            comm.shutdown();
+            r?;
+        }
+        _ => bail!("{PEER_ENV}=`{spec}` is not a benchmark peer spec"),
+    }
+    Ok(())
+}
+
+/// `direct_max_bytes` of the schedule asked for at the bench's command line.
+fn direct_max_for(asked: &str) -> Result<usize> {
+    match asked {
+        "auto" => Ok(slowmo_gossip::DIRECT_MAX_BYTES),
+        "ring" => Ok(0),
+        "direct" => Ok(usize::MAX),
+        other => bail!("unknown schedule `{other}` (expected auto, ring or direct)"),
+    }
+}
+
+/// One all-reduce figure: the size, the schedule asked for and taken, and
+/// the seconds of each timed repeat (as long as its slowest rank).
+struct Reduced {
+    floats: usize,
+    asked: String,
+    schedule: &'static str,
+    secs: Vec<f64>,
+}
+
+impl Reduced {
+    fn median(&self) -> f64 {
+        let mut sorted = self.secs.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted[sorted.len() / 2]
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn allreduce(
+    nodes: usize,
+    sizes: &[usize],
+    schedules: &[String],
+    chunk: Option<usize>,
+    repeats: usize,
+    transport: &str,
+    lane: DataLane,
+    k: usize,
+    json: bool,
+) -> Result<()> {
+    if chunk == Some(0) {
+        bail!("--chunk-floats 0: a message holds at least one float");
+    }
+    let mut figures = Vec::new();
+    for &floats in sizes {
+        for asked in schedules {
+            let direct_max = direct_max_for(asked)?;
+            let cfg = |floats| -> Result<P2pConfig> {
+                let mut cfg = p2p_config(transport, nodes, floats, lane, k)?;
+                if let Some(chunk) = chunk {
+                    cfg = cfg.with_chunk_floats(chunk);
+                }
+                cfg.direct_max_bytes = direct_max;
+                Ok(cfg)
+            };
+            let schedule = cfg(floats)?.schedule(floats, nodes).name();
+            let secs = allreduce_once(nodes, floats, repeats, &cfg)?;
+            figures.push(Reduced {
+                floats,
+                asked: asked.clone(),
+                schedule,
+                secs,
+            });
+        }
+    }
+    let bus = |floats: usize, s: f64| {
+        gbits(
+            4.0 * floats as f64 * 2.0 * (nodes as f64 - 1.0) / nodes as f64,
+            s,
+        )
+    };
+    if json {
+        let figures: Vec<_> = figures
+            .iter()
+            .map(|f| {
+                let median = f.median();
+                serde_json::json!({
+                    "floats": f.floats,
+                    "schedule_asked": f.asked,
+                    "schedule": f.schedule,
+                    "median_seconds": median,
+                    "bus_gbit_s": bus(f.floats, median),
+                    "algo_gbit_s": gbits(4.0 * f.floats as f64, median),
+                    "seconds": f.secs,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "bench": "allreduce",
+            "nodes": nodes,
+            "transport": transport,
+            "data_lane": lane.name(),
+            "lane_connections": k,
+            "chunk_floats": chunk.unwrap_or(slowmo_gossip::CHUNK_FLOATS),
+            "repeats": repeats,
+            "figures": figures,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!(
+        "all-reduce over {nodes} nodes ({transport} control, {lane} data lane, {k} connections; \
+         messages of at most {} floats; threads of one process; median of {repeats})",
+        chunk.unwrap_or(slowmo_gossip::CHUNK_FLOATS)
+    );
+    println!(
+        "{:>10} {:>8} {:>7} {:>9} {:>10} {:>11} {:>11}",
+        "floats", "MiB", "asked", "schedule", "median s", "bus Gbit/s", "min s"
+    );
+    for f in &figures {
+        let median = f.median();
+        let min = f.secs.iter().copied().fold(f64::INFINITY, f64::min);
+        println!(
+            "{:>10} {:>8.2} {:>7} {:>9} {:>10.4} {:>11.2} {:>11.4}",
+            f.floats,
+            4.0 * f.floats as f64 / (1 << 20) as f64,
+            f.asked,
+            f.schedule,
+            median,
+            bus(f.floats, median),
+            min
+        );
+    }
+    Ok(())
+}
+
+/// Starts `nodes` nodes (threads of this process) and times `repeats`
+/// all-reduces of `floats` floats after one warm-up.
+fn allreduce_once(
+    nodes: usize,
+    floats: usize,
+    repeats: usize,
+    cfg: &dyn Fn(usize) -> Result<P2pConfig>,
+) -> Result<Vec<f64>> {
+    let first = P2pComm::bind(cfg(floats)?)?;
+    let boot = first.listen_addrs();
+    let mut handles = vec![std::thread::spawn(move || first.join())];
+    for _ in 1..nodes {
+        let cfg = cfg(floats)?.with_bootstrap(boot.clone());
+        handles.push(std::thread::spawn(move || P2pComm::start(cfg)));
+    }
+    let comms: Vec<P2pComm> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("node thread panicked"))?
+                .map_err(anyhow::Error::from)
+        })
+        .collect::<Result<_>>()?;
+    let workers: Vec<_> = comms
+        .into_iter()
+        .map(|mut c| {
+            std::thread::spawn(move || -> Result<(P2pComm, Vec<f64>)> {
+                let mut buf: Vec<f32> = (0..floats).map(|i| (i % 100) as f32 * 0.01).collect();
+                let mut times = Vec::new();
+                for k in 0..=repeats {
+                    let mut s = 1.0;
+                    c.barrier()?;
+                    let t = Instant::now();
+                    c.all_reduce_sum(&mut buf, &mut s)?;
+                    if k > 0 {
+                        times.push(t.elapsed().as_secs_f64());
+                    }
+                    let inv = 1.0 / s as f32;
+                    buf.iter_mut().for_each(|v| *v *= inv);
+                }
+                Ok((c, times))
+            })
+        })
+        .collect();
+    let mut per_rank = Vec::new();
+    let mut comms = Vec::new();
+    for h in workers {
+        let (c, times) = h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??;
+        per_rank.push(times);
+        comms.push(c);
+    }
+    // All at once: a graceful shutdown waits for the peers' links to close.
+    let stops: Vec<_> = comms
+        .into_iter()
+        .map(|c| std::thread::spawn(move || c.shutdown()))
+        .collect();
+    for s in stops {
+        let _ = s.join();
+    }
+    // A repeat takes as long as its slowest rank.
+    Ok((0..repeats)
+        .map(|k| per_rank.iter().map(|t| t[k]).fold(0.0, f64::max))
+        .collect())
+}

@@ -1,0 +1,10 @@
+//! The subcommands of the `slowmo` binary, each with its arguments.
+
+pub mod bench;
+pub mod bench_sim;
+pub mod node;
+pub mod run;
+pub mod simulate;
+pub mod study;
+pub mod sweep;
+pub mod topology;

@@ -1,0 +1,475 @@
+//! `slowmo node`: one real peer of a run, training on its own device and
+//! exchanging parameters over libp2p with exactly the simulator's loop.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::builder::TypedValueParser as _;
+use sha2::{Digest, Sha256};
+use slowmo_gossip::p2p::{LanePeers, P2pComm, P2pConfig, RunIdentity};
+use slowmo_gossip::{CommStats, Communicator};
+use slowmo_runspec::NodeSummary;
+
+use crate::config::{ConfigArgs, RunConfig};
+use crate::data;
+use crate::engine::setup::{build_model, load_dataset};
+use crate::engine::stopping::Stopper;
+use crate::engine::train::{
+    CheckpointPlan, StepGate, StepRecord, Unfinished, WorkerOutcome, WorkerSetup,
+    run_worker_keeping,
+};
+use crate::io::checkpoint::{self, Checkpoint, CheckpointArgs, Identity};
+use crate::io::metrics::Progress;
+use crate::io::node_outputs::{FinalParams, NodeOutputs, failed_summary_bytes};
+use crate::io::outputs::OutputPaths;
+use crate::model::ParamSpec;
+
+/// Arguments of `slowmo node`.
+#[derive(Debug, clap::Args)]
+pub struct NodeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Number of nodes of the run; the run starts when all are present
+    /// (same as --workers).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    pub nodes: Option<usize>,
+    /// Name of the run (at most 256 bytes); peers with another run id are refused.
+    #[arg(long, default_value = "slowmo", value_parser = crate::commands::run::parse_run_id)]
+    pub run_id: String,
+    /// Multiaddr to listen on (repeatable), e.g. /ip4/0.0.0.0/udp/4001/quic-v1 or /ip4/0.0.0.0/tcp/4001.
+    #[arg(long, default_values_t = vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_string(), "/ip4/127.0.0.1/tcp/0".to_string()])]
+    pub listen: Vec<String>,
+    /// Multiaddr of a peer to join through (repeatable).
+    #[arg(long)]
+    pub bootstrap: Vec<String>,
+    /// Key file of this node's identity, created on first run.
+    #[arg(long)]
+    pub identity: Option<PathBuf>,
+    /// Discover peers on the local network with mDNS.
+    #[arg(long)]
+    pub mdns: bool,
+    /// Seconds to wait for all nodes to join (and, below --min-nodes, for
+    /// joiners).
+    #[arg(long, default_value_t = 120)]
+    pub join_timeout: u64,
+    /// Fewest members to train with: when lost peers leave fewer, the run
+    /// pauses at its barrier until nodes join (up to --join-timeout), then
+    /// stops with an error.
+    #[arg(long, default_value_t = 1)]
+    pub min_nodes: usize,
+    /// Seconds a peer may stay silent during an exchange.
+    #[arg(long, default_value_t = 60)]
+    pub peer_timeout: u64,
+    /// How tensors travel between nodes: encrypted (the default: a bulk-data lane
+    /// of TCP connections sealed with AES-256-GCM), plaintext (the same lane without
+    /// the cipher, still set up only between members; for a private network
+    /// you trust) or libp2p (the control plane's own streams). Every node of
+    /// a run must use the same.
+    #[arg(long, default_value = "encrypted")]
+    pub data_lane: slowmo_gossip::p2p::DataLane,
+    /// Data-lane connections per direction and peer [default: one per core, 2 to 8].
+    #[arg(long)]
+    pub lane_connections: Option<usize>,
+    /// Compute device: cpu or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Compute threads, also the most network runtime threads (at most 4) [default: 1 when several nodes share a machine is up to you; all cores otherwise].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Write per-step metrics as JSON lines.
+    #[arg(long)]
+    pub metrics_jsonl: Option<PathBuf>,
+    /// Write the final summary as JSON.
+    #[arg(long)]
+    pub summary_json: Option<PathBuf>,
+    /// Write the final averaged parameters as safetensors.
+    #[arg(long)]
+    pub save_params: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
+    #[command(flatten)]
+    pub checkpoints: CheckpointArgs,
+    #[command(flatten)]
+    pub admission: crate::commands::run::AdmissionArgs,
+    /// Hold before these base steps until a harness opens the gate (the
+    /// local testnet's exact step faults; see --gate-dir).
+    #[arg(long, value_delimiter = ',', hide = true, requires = "gate_dir")]
+    pub hold_at: Vec<u64>,
+    /// The folder of the step gates' files.
+    #[arg(long, hide = true)]
+    pub gate_dir: Option<PathBuf>,
+}
+
+/// Parses `--device`; CUDA needs a build with the `cuda` feature.
+pub fn parse_device(spec: &str) -> anyhow::Result<candle_core::Device> {
+    if spec == "cpu" {
+        return Ok(candle_core::Device::Cpu);
+    }
+    let Some(index) = spec
+        .strip_prefix("cuda:")
+        .or(if spec == "cuda" { Some("0") } else { None })
+    else {
+        bail!("--device {spec}: expected `cpu` or `cuda:N`");
+    };
+    let index: usize = index
+        .parse()
+        .with_context(|| format!("--device {spec}: `{index}` is not a GPU index"))?;
+    if !candle_core::utils::cuda_is_available() {
+        bail!(
+            "--device {spec}: this slowmo was built without CUDA support; rebuild with \
+             `cargo build --release -p slowmo-node --features cuda` on a machine with the CUDA toolkit"
+        );
+    }
+    Ok(candle_core::Device::new_cuda(index)?)
+}
+
+/// SHA-256 of the initial parameters, checked when peers join.
+pub fn params_hash(params: &[f32]) -> String {
+    let mut h = Sha256::new();
+    for v in params {
+        h.update(v.to_le_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+/// The checkpoint every member resumes from: the newest step that all of
+/// them hold a valid checkpoint for. Collective; every member fails alike
+/// when one of them cannot load it.
+fn agree_on_checkpoint(
+    comm: &mut P2pComm,
+    dir: &std::path::Path,
+    layout: &[ParamSpec],
+    identity: &Identity,
+) -> anyhow::Result<Checkpoint> {
+    let newest = checkpoint::newest_valid(dir, layout, identity, None);
+    if let Err(e) = &newest {
+        tracing::error!("{e}");
+    }
+    // Steps travel as step + 1, so that 0 says "none".
+    let mine = newest.as_ref().map_or(0, |c| c.state.steps + 1);
+    let all: Vec<u64> = comm.all_gather_u64(&[mine])?.concat();
+    let common = *all.iter().min().unwrap_or(&0);
+    if common == 0 {
+        let without: Vec<String> = (0..all.len())
+            .filter(|r| all[*r] == 0)
+            .map(|r| r.to_string())
+            .collect();
+        bail!(
+            "cannot resume: rank(s) {} have no usable checkpoint",
+            without.join(", ")
+        );
+    }
+    let step = common - 1;
+    let found = match newest {
+        Ok(c) if c.state.steps == step => Ok(c),
+        _ => checkpoint::newest_valid(dir, layout, identity, Some(step))
+            .map_err(anyhow::Error::from)
+            .and_then(|c| {
+                if c.state.steps == step {
+                    Ok(c)
+                } else {
+                    Err(anyhow::anyhow!(
+                        "no usable checkpoint of step {step} in {} (the newest all members hold)",
+                        dir.display()
+                    ))
+                }
+            }),
+    };
+    let ok: Vec<u64> = comm.all_gather_u64(&[u64::from(found.is_ok())])?.concat();
+    if let Some(r) = ok.iter().position(|v| *v == 0) {
+        return Err(found.err().unwrap_or_else(|| {
+            anyhow::anyhow!("rank {r} cannot load the checkpoint of step {step}")
+        }))
+        .context("resuming");
+    }
+    tracing::info!(step, "resuming from a checkpoint");
+    found
+}
+
+/// `slowmo node`. Returns an error (non-zero exit) when the run did not
+/// finish or an output could not be written.
+pub fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let mut options = args.config.options()?;
+    if let Some(n) = args.nodes {
+        options.workers = Some(n);
+    }
+    let config = options.resolve()?;
+    if let Some(note) = config.peers_clamped() {
+        tracing::warn!("{note}");
+    }
+    let admission = args.admission.policy()?;
+    let device = parse_device(&args.device)?;
+    // Every output is checked before the node loads anything or joins anyone.
+    let mut outputs = NodeOutputs::open(OutputPaths {
+        summary_json: args.summary_json.clone(),
+        metrics_jsonl: args.metrics_jsonl.clone(),
+        save_params: args.save_params.clone(),
+        checkpoint_dir: args.checkpoints.checkpoint_dir.clone(),
+    })?;
+    let dataset = load_dataset(&config)?;
+    outputs.prepare_saver(|| build_model(&config, &dataset, &candle_core::Device::Cpu))?;
+    let model = build_model(&config, &dataset, &device)?;
+    let x0 = model.init_params(config.seed);
+    let run = RunIdentity {
+        run_id: args.run_id.clone(),
+        config_hash: config.hash(),
+        init_hash: params_hash(&x0),
+    };
+    let mut p2p = P2pConfig::new(run, config.workers, x0.len());
+    p2p.listen = args.listen.clone();
+    p2p.bootstrap = args.bootstrap.clone();
+    p2p.identity_file = args.identity.clone();
+    p2p.mdns = args.mdns;
+    p2p.join_timeout = Duration::from_secs(args.join_timeout);
+    p2p.min_nodes = args.min_nodes;
+    p2p.peer_timeout = Duration::from_secs(args.peer_timeout);
+    p2p.data_lane = args.data_lane;
+    p2p.compress = config.compress;
+    // Lanes to the graph's neighbours in each view (and the ring's), not to
+    // every member: a node's connections stay bounded as runs grow.
+    let graph = config.graph.clone();
+    p2p.lane_peers = Some(LanePeers(Arc::new(move |rank, world| {
+        slowmo_topologies::build(&graph, world)
+            .map(|t| t.neighbours(rank))
+            .unwrap_or_default()
+    })));
+    // The network runtime shares the node's thread budget: --threads caps
+    // its workers too (by default one per core the process may use, which
+    // counts a container's CPU quota, 2 to 4).
+    if let Some(n) = args.threads {
+        p2p.worker_threads = n.clamp(1, 4);
+    }
+    if let Some(k) = args.lane_connections {
+        p2p.lane_connections = k;
+    }
+    let endpoint = args
+        .metrics_addr
+        .as_deref()
+        .map(crate::io::observe::Endpoint::start)
+        .transpose()?;
+    p2p.metrics = endpoint.as_ref().map(|e| e.registry());
+    p2p.admission = admission;
+    p2p.settings = crate::commands::run::config_settings(&config);
+
+    let joining_summary = match outputs.summary_path() {
+        Some(path) => {
+            let why = "stopped by a signal while joining the run".to_string();
+            let bytes = failed_summary_bytes(&config, why, Some("signal"))
+                .map_err(|e| anyhow::anyhow!("--summary-json: {e}"))?;
+            Some((path.to_path_buf(), bytes))
+        }
+        None => None,
+    };
+    let stopper = Stopper::install(joining_summary)?;
+    let gate = match &args.gate_dir {
+        Some(dir) => Some(
+            StepGate::new(dir.clone(), args.hold_at.iter().copied())
+                .with_context(|| format!("--gate-dir {}", dir.display()))?,
+        ),
+        None => None,
+    };
+
+    tracing::info!(nodes = config.workers, "joining the run");
+    let mut comm = match P2pComm::start(p2p) {
+        Ok(c) => c,
+        Err(e) => {
+            let e = anyhow::Error::new(e).context("joining the run");
+            outputs.write_failed_summary(&config, format!("{e:#}"));
+            return Err(e);
+        }
+    };
+    stopper.training(comm.interrupt_handle());
+    if let Some(e) = &endpoint {
+        e.attach(comm.observer());
+    }
+    let rank = comm.rank();
+    tracing::info!(rank, peer = %comm.local_peer_id(), "run started");
+    let shards = data::shard_indices(
+        &dataset.train.labels,
+        dataset.classes,
+        config.workers,
+        config.partition,
+        config.seed,
+    )?;
+    let shard = shards.into_iter().nth(rank).expect("one shard per rank");
+    let topology: Arc<dyn slowmo_topologies::Topology> =
+        Arc::from(slowmo_topologies::build(&config.graph, config.workers)?);
+    let identity = Identity {
+        config_hash: config.hash(),
+        settings: config.settings(),
+        run_id: args.run_id.clone(),
+        rank,
+        world_size: config.workers,
+        view: 0,
+    };
+    let resume = match (&args.checkpoints.checkpoint_dir, args.checkpoints.resume) {
+        (Some(dir), true) if comm.is_member() => Some(agree_on_checkpoint(
+            &mut comm,
+            dir,
+            model.layout(),
+            &identity,
+        )?),
+        _ => None,
+    };
+    let checkpoints = args
+        .checkpoints
+        .checkpoint_dir
+        .as_ref()
+        .map(|dir| CheckpointPlan {
+            dir: dir.clone(),
+            every: args.checkpoints.checkpoint_every,
+            keep: args.checkpoints.checkpoint_keep,
+            identity,
+        });
+    let setup = WorkerSetup {
+        config: config.clone(),
+        dataset: dataset.clone(),
+        shard,
+        model,
+        topology,
+        stop: Some(stopper.flag()),
+        checkpoints,
+        resume,
+        // A new node, or a restart of a member, while the run is under way:
+        // it is admitted at a barrier and receives the state.
+        join: !comm.is_member(),
+        gate,
+    };
+
+    let progress = Progress::new(config.steps, &format!("node {rank}"));
+    let mut last: Option<StepRecord> = None;
+    let result = run_worker_keeping(setup, &mut comm, &mut |r: &StepRecord| {
+        progress.step(r);
+        if let Some(e) = &endpoint {
+            e.record(r);
+        }
+        if !outputs.record(r) {
+            stopper.stop_for_output_error();
+        }
+        last = Some(r.clone());
+    });
+    progress.finish();
+    let stats = comm.stats();
+    let peer_id = comm.local_peer_id();
+    // Outputs before the network goes: a graceful shutdown may wait on peers.
+    // Rank and members of the view the run ended in.
+    let mut summary = summarize(
+        &config,
+        comm.rank(),
+        peer_id,
+        comm.members(),
+        &result,
+        last.as_ref(),
+        stats,
+    );
+    let (params, error) = match result {
+        Ok(o) => (
+            Some(FinalParams {
+                params: o.averaged_params,
+                is_final: true,
+                steps: o.steps,
+            }),
+            None,
+        ),
+        Err(u) => {
+            let why = stopper.reason().unwrap_or("error");
+            summary.stopped = Some(why.into());
+            if why == "output error"
+                && let Some(first) = outputs.errors().first()
+            {
+                summary.error = Some(first.clone());
+            }
+            let params = u.params.map(|params| FinalParams {
+                params,
+                is_final: false,
+                steps: u.steps,
+            });
+            (params, Some(u.error))
+        }
+    };
+    let done = format!(
+        "finished {} steps, train loss {:.4}, test accuracy {:.4} (averaged model), {:.1} steps/s",
+        summary.steps,
+        summary.final_train_loss.unwrap_or(f32::NAN),
+        summary.test_accuracy.unwrap_or(f32::NAN),
+        summary.steps_per_second
+    );
+    let steps = summary.steps;
+    let failures = outputs.finish(params, summary);
+    stopper.outputs_written();
+    match error {
+        None => comm.shutdown(),
+        // Nothing more to deliver: leave without waiting on silent peers.
+        Some(_) => drop(comm),
+    }
+    let failed = || failures.join("\n  ");
+    match (error, stopper.reason()) {
+        (Some(e), Some("signal")) => {
+            bail!("node {rank} stopped by a signal after step {steps}: {e}")
+        }
+        (Some(_), Some("output error")) => bail!(
+            "node {rank} stopped after step {steps}: an output could not be written:\n  {}",
+            failed()
+        ),
+        (Some(e), _) => {
+            Err(anyhow::Error::new(e).context(format!("node {rank} did not finish the run")))
+        }
+        (None, _) if !failures.is_empty() => bail!(
+            "node {rank} {done}, but {} output(s) could not be written:\n  {}",
+            failures.len(),
+            failed()
+        ),
+        (None, _) => {
+            eprintln!("node {rank}: {done}");
+            Ok(())
+        }
+    }
+}
+
+fn summarize(
+    config: &RunConfig,
+    rank: usize,
+    peer_id: String,
+    members: Vec<String>,
+    result: &Result<WorkerOutcome, Box<Unfinished>>,
+    last: Option<&StepRecord>,
+    stats: CommStats,
+) -> NodeSummary {
+    let wall = last.map(|r| r.time).unwrap_or(0.0);
+    let steps = last.map(|r| r.step + 1).unwrap_or(0);
+    let mut s = NodeSummary::failed(config, String::new());
+    s.rank = Some(rank);
+    s.peer_id = Some(peer_id);
+    s.members = members;
+    s.completed = result.is_ok();
+    s.error = result.as_ref().err().map(|u| u.error.to_string());
+    s.steps = steps;
+    s.bytes_sent = stats.bytes_sent;
+    s.bytes_received = stats.bytes_received;
+    s.messages_dropped = stats.messages_dropped;
+    s.wall_seconds = wall;
+    s.steps_per_second = if wall > 0.0 { steps as f64 / wall } else { 0.0 };
+    if let Ok(o) = result {
+        s.final_train_loss = Some(o.mean_train_loss);
+        s.test_accuracy = Some(o.averaged_accuracy);
+        s.own_test_accuracy = Some(o.test_accuracy);
+        s.worker_accuracy_mean = Some(o.worker_accuracy_mean);
+        s.worker_accuracy_std = Some(o.worker_accuracy_std);
+        s.consensus_distance = Some(o.consensus_distance);
+        s.push_sum_weight = Some(o.weight);
+        s.params_sum = Some(o.params_sum);
+        s.view_changes = o.view_changes.clone();
+        s.wall_seconds = o.wall_seconds;
+        s.steps_per_second = o.steps as f64 / o.wall_seconds.max(1e-9);
+        if let Some(shape) = config.transformer {
+            s.test_loss = Some(o.averaged_loss);
+            s.test_perplexity = Some(f64::from(o.averaged_loss).exp());
+            s.tokens_per_second =
+                Some(s.steps_per_second * (config.batch_size * shape.context) as f64);
+        }
+    }
+    s
+}
