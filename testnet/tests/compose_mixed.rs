@@ -130,13 +130,24 @@ fn compose_mixed_profile_shows_in_the_metrics() {
         "{}",
         mixed.shaping[3]
     );
-    // The slow node steps far slower; the fast ones keep their lan pace.
+    // The slow node steps far slower than the fast ones beside it (on lan
+    // all four keep one pace). Against its own lan pace the drop is
+    // smaller and depends on the host: on lan the four 0.5-CPU quotas add
+    // up to two cores, so on a 2-core host each node gets less than its
+    // quota there, and node-3's lan pace is the host's, not the quota's.
+    let fast = (mixed.steps_per_s[0] + mixed.steps_per_s[1]) / 2.0;
     assert!(
-        mixed.steps_per_s[3] < 0.6 * lan.steps_per_s[3],
-        "node-3 under a third of the CPU steps at {:.2}/s, on lan at {:.2}/s",
+        mixed.steps_per_s[3] < 0.6 * fast,
+        "node-3 under a third of the CPU steps at {:.2}/s, the fast nodes at {fast:.2}/s",
+        mixed.steps_per_s[3],
+    );
+    assert!(
+        mixed.steps_per_s[3] < lan.steps_per_s[3],
+        "node-3 steps at {:.2}/s under a third of the CPU, at {:.2}/s on lan",
         mixed.steps_per_s[3],
         lan.steps_per_s[3]
     );
+    // The fast ones keep their lan pace.
     for i in [0, 1] {
         assert!(
             mixed.steps_per_s[i] >= 0.8 * lan.steps_per_s[i],
