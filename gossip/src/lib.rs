@@ -8,6 +8,7 @@
 
 mod collectives;
 pub mod compress;
+mod le;
 mod ledger;
 pub mod memory;
 mod ring;

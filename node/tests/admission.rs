@@ -6,11 +6,10 @@
 
 use std::net::UdpSocket;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 
-fn slowmo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_slowmo"))
-}
+mod support;
+use support::slowmo;
 
 fn run_ok(args: &[&str]) -> String {
     let out = slowmo().args(args).output().unwrap();

@@ -9,12 +9,11 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn slowmo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_slowmo"))
-}
+mod support;
+use support::{slowmo, text};
 
 const SMALL: [&str; 8] = [
     "--hidden",
@@ -26,15 +25,6 @@ const SMALL: [&str; 8] = [
     "--seed",
     "3",
 ];
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// A one-node run (it needs no peer) with `extra` flags.
 fn node_alone(steps: u64, extra: &[&OsStr]) -> Output {

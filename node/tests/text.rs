@@ -4,11 +4,10 @@
 //! together, are clear errors naming the path or flag, never panics.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn slowmo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_slowmo"))
-}
+mod support;
+use support::{slowmo, text};
 
 const TINY: [&str; 14] = [
     "--layers",
@@ -26,15 +25,6 @@ const TINY: [&str; 14] = [
     "--optimizer",
     "adam",
 ];
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 fn simulate(dataset: &str, extra: &[&str]) -> Output {
     slowmo()

@@ -9,16 +9,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 mod local_support;
-use local_support::slowmo_bin;
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use local_support::{slowmo_bin, text};
 
 /// A 4-node run of the synthetic default task with a fault script.
 fn local(out: &Path, steps: u64, faults: &str, extra: &[&str]) -> Output {

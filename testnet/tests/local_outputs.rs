@@ -10,16 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod local_support;
-use local_support::slowmo_bin;
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use local_support::{slowmo_bin, text};
 
 fn local(out: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))

@@ -10,11 +10,11 @@
 use std::sync::Mutex;
 
 use crate::compress::{self, CodecError, Compression};
+use crate::le::EXP;
+pub use crate::le::{add_bytes, first_non_finite};
 use crate::sync::lock;
 
 const LANES: usize = 8;
-/// `f32` exponent bits: all ones means infinity or NaN.
-const EXP: u32 = 0x7f80_0000;
 /// Floats converted (and checksummed) per block while sending.
 const BLOCK: usize = 4096;
 
@@ -88,16 +88,6 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     let mut s = Scan::default();
     s.feed(bytes);
     s.checksum()
-}
-
-/// The first non-finite element of an `f32` LE payload, if any.
-pub fn first_non_finite(bytes: &[u8]) -> Option<(usize, f32)> {
-    let bad = bytes
-        .chunks_exact(4)
-        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-        .position(|bits| bits & EXP == EXP)?;
-    let v = f32::from_le_bytes(bytes[4 * bad..4 * bad + 4].try_into().unwrap());
-    Some((bad, v))
 }
 
 /// Whether an `f32` LE payload holds an infinity or NaN: a pass without
@@ -183,13 +173,6 @@ pub fn encode_f32(floats: &[f32], buf: Vec<u8>) -> (Vec<u8>, u64) {
         scan.feed(dst);
     }
     (buf, scan.checksum())
-}
-
-/// `dst[i] += payload[i]` for an `f32` LE payload.
-pub fn add_bytes(dst: &mut [f32], payload: &[u8]) {
-    for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
-        *d += f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-    }
 }
 
 /// `dst[i] = payload[i]` for an `f32` LE payload (as many as both hold).

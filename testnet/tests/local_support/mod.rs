@@ -1,6 +1,8 @@
 //! Shared by the tests that start local testnets of `slowmo node` processes.
+#![allow(dead_code)] // each test file uses some of these
 
 use std::path::PathBuf;
+use std::process::Output;
 
 /// The `slowmo` binary the nodes run: `$SLOWMO_BIN`, else the one beside
 /// this crate's `slowmo-testnet` in the same target folder (built by
@@ -18,4 +20,14 @@ pub fn slowmo_bin() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A finished command's status, stdout and stderr, for assertion messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }

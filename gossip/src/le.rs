@@ -1,0 +1,22 @@
+//! `f32` little-endian payloads: the two helpers every decoder of plain
+//! values shares (the p2p payloads and the codecs' plain case), below both.
+
+/// `f32` exponent bits: all ones means infinity or NaN.
+pub(crate) const EXP: u32 = 0x7f80_0000;
+
+/// The first non-finite element of an `f32` LE payload, if any.
+pub fn first_non_finite(bytes: &[u8]) -> Option<(usize, f32)> {
+    let bad = bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .position(|bits| bits & EXP == EXP)?;
+    let v = f32::from_le_bytes(bytes[4 * bad..4 * bad + 4].try_into().unwrap());
+    Some((bad, v))
+}
+
+/// `dst[i] += payload[i]` for an `f32` LE payload.
+pub fn add_bytes(dst: &mut [f32], payload: &[u8]) {
+    for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
+        *d += f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    }
+}
