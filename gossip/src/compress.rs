@@ -25,6 +25,9 @@
 
 pub use slowmo_runspec::Compression;
 
+mod average;
+pub use average::compressed_average;
+
 /// Values per int8 block (one `f32` scale each).
 pub const INT8_BLOCK: usize = 256;
 
@@ -180,11 +183,8 @@ pub fn check(codec: Compression, bytes: &[u8], n: usize) -> Result<(), CodecErro
     }
     match codec {
         Compression::None => {
-            for (i, b) in bytes.chunks_exact(4).enumerate() {
-                let v = f32::from_le_bytes(b.try_into().expect("4 bytes"));
-                if !v.is_finite() {
-                    return Err(err("value", format!("{i} is {v}")));
-                }
+            if let Some((i, v)) = crate::le::first_non_finite(bytes) {
+                return Err(err("value", format!("{i} is {v}")));
             }
         }
         Compression::Bf16 => {
@@ -240,11 +240,7 @@ pub fn check(codec: Compression, bytes: &[u8], n: usize) -> Result<(), CodecErro
 /// sender debited.
 pub fn add_decoded(codec: Compression, bytes: &[u8], x: &mut [f32]) {
     match codec {
-        Compression::None => {
-            for (d, w) in x.iter_mut().zip(bytes.chunks_exact(4)) {
-                *d += f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            }
-        }
+        Compression::None => crate::le::add_bytes(x, bytes),
         Compression::Bf16 => {
             for (d, b) in x.iter_mut().zip(bytes.chunks_exact(2)) {
                 *d += from_bf16(u16::from_le_bytes([b[0], b[1]]));

@@ -4,12 +4,11 @@
 //! a checkpoint of another configuration is refused, both with the reason.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-fn slowmo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_slowmo"))
-}
+mod support;
+use support::slowmo;
 
 const SMALL: [&str; 10] = [
     "--workers",
@@ -112,6 +111,23 @@ fn resuming_reproduces_the_uninterrupted_run_bit_for_bit() {
             "--no-average",
         ],
         36,
+    );
+    // Compressed shares and averages: the average's residual is state.
+    resume_matches_uninterrupted(
+        &[
+            "6",
+            "--steps",
+            "60",
+            "--base",
+            "sgp",
+            "--beta",
+            "0.5",
+            "--compress",
+            "int8",
+            "--compress-average",
+            "int8",
+        ],
+        30,
     );
 }
 

@@ -54,6 +54,18 @@ pub trait Exchange {
     /// The exact average after a drain: `x = sum x_i / sum w_i`, `w = 1`, the
     /// same bits on every worker.
     fn exact_average(&mut self, state: &mut PushSum) -> Result<(), Self::Error>;
+    /// The exact average with the outer step's pseudo-gradient compressed
+    /// (`--compress-average`, docs/algorithm.md "Compressed exact
+    /// averages"), after a drain: each worker encodes `g = anchor * w - x +
+    /// residual`, keeps `g - D(Q(g))` as its new `residual`, and every
+    /// worker sets `x = anchor - sum_i D(Q(g_i)) / sum_i w_i` (summed in rank
+    /// order) and `w = 1`: the same bits on every worker.
+    fn compressed_average(
+        &mut self,
+        state: &mut PushSum,
+        anchor: &[f32],
+        residual: &mut [f32],
+    ) -> Result<(), Self::Error>;
     /// Replace each buffer by its elementwise mean over the workers.
     fn average_buffers(&mut self, buffers: Vec<&mut [f32]>) -> Result<(), Self::Error>;
 }
@@ -81,6 +93,9 @@ pub struct LoopState {
     pub steps: u64,
     /// Push-sum rounds started.
     pub rounds: u64,
+    /// The compressed exact average's error-feedback residual (empty when
+    /// the run averages exactly).
+    pub average_residual: Vec<f32>,
 }
 
 /// What a step did, for metrics.
@@ -105,6 +120,9 @@ pub struct OuterLoop {
     steps: u64,
     /// Push-sum rounds started.
     rounds: u64,
+    /// What the compressed exact average has not sent yet (empty: the run
+    /// averages exactly).
+    average_residual: Vec<f32>,
 }
 
 impl OuterLoop {
@@ -123,7 +141,23 @@ impl OuterLoop {
             slowmo,
             steps: 0,
             rounds: 0,
+            average_residual: Vec::new(),
         })
+    }
+
+    /// The exact averages at the outer boundaries go compressed through
+    /// [`Exchange::compressed_average`], with a residual that starts at 0.
+    /// (The average after a membership change stays exact.)
+    pub fn with_compressed_average(mut self) -> Self {
+        self.average_residual = vec![0.0; self.state.len()];
+        self
+    }
+
+    /// Forgets the compressed average's residual: a worker that takes over
+    /// another's state has not kept that worker's compression error (it
+    /// stays with the worker that made it).
+    pub fn clear_average_residual(&mut self) {
+        self.average_residual.iter_mut().for_each(|v| *v = 0.0);
     }
 
     /// The de-biased parameters `z = x / w` at which the next gradient is
@@ -234,7 +268,15 @@ impl OuterLoop {
             }
             // AR-SGD keeps every worker identical: nothing to average.
             if self.alg.base != Base::ArSgd {
-                ex.exact_average(&mut self.state)?;
+                if self.average_residual.is_empty() {
+                    ex.exact_average(&mut self.state)?;
+                } else {
+                    ex.compressed_average(
+                        &mut self.state,
+                        self.slowmo.anchor(),
+                        &mut self.average_residual,
+                    )?;
+                }
             }
             if policy == BufferPolicy::Average {
                 ex.average_buffers(self.opt.state_buffers_mut())?;
@@ -285,6 +327,7 @@ impl OuterLoop {
             optimizer_steps: self.opt.steps(),
             steps: self.steps,
             rounds: self.rounds,
+            average_residual: self.average_residual.clone(),
         }
     }
 
@@ -309,6 +352,14 @@ impl OuterLoop {
                 expected: "a finite number > 0",
             });
         }
+        if s.average_residual.len() != self.average_residual.len() {
+            return Err(OptimError::LengthMismatch {
+                what: "compressed-average residual",
+                expected: self.average_residual.len(),
+                got: s.average_residual.len(),
+            });
+        }
+        check_finite("compressed-average residual", &s.average_residual)?;
         let names = self.opt.state_names();
         if s.optimizer_buffers.len() != names.len() {
             return Err(OptimError::InvalidField {
@@ -342,6 +393,7 @@ impl OuterLoop {
         self.state = PushSum { x: s.x, w: s.w };
         self.steps = s.steps;
         self.rounds = s.rounds;
+        self.average_residual = s.average_residual;
         self.z_fresh = false;
         Ok(())
     }
@@ -375,6 +427,12 @@ impl OuterLoop {
     /// The base optimizer.
     pub fn optimizer(&self) -> &Optimizer {
         &self.opt
+    }
+
+    /// What the compressed exact average has kept back (empty when the run
+    /// averages exactly).
+    pub fn average_residual(&self) -> &[f32] {
+        &self.average_residual
     }
 
     /// The algorithm this loop runs.
@@ -421,6 +479,24 @@ mod tests {
             self.calls.push("average".into());
             let z = s.debiased();
             s.set_average(&z);
+            Ok(())
+        }
+        /// Alone, with a codec that rounds to halves.
+        fn compressed_average(
+            &mut self,
+            s: &mut PushSum,
+            anchor: &[f32],
+            residual: &mut [f32],
+        ) -> Result<(), ()> {
+            self.calls.push("compressed average".into());
+            let w = s.w as f32;
+            for ((x, a), e) in s.x.iter_mut().zip(anchor).zip(residual.iter_mut()) {
+                let g = a * w - *x + *e;
+                let d = (g * 2.0).round() / 2.0;
+                *e = g - d;
+                *x = a - d / w;
+            }
+            s.w = 1.0;
             Ok(())
         }
         fn average_buffers(&mut self, _: Vec<&mut [f32]>) -> Result<(), ()> {
@@ -514,6 +590,10 @@ mod tests {
                 optimizer_buffers: vec![],
                 ..saved.clone()
             },
+            LoopState {
+                average_residual: vec![0.0, 0.0],
+                ..saved.clone()
+            },
         ];
         for s in bad {
             let mut c = fresh.clone();
@@ -535,5 +615,38 @@ mod tests {
         l.step(&mut ex, &mut [1.0], &mut 0.0, 0.5).unwrap();
         assert_eq!((l.push_sum().x[0], l.weight()), (0.375, 0.25));
         assert_eq!(l.params(), &[1.5]);
+    }
+
+    #[test]
+    fn the_compressed_average_sends_what_it_kept_at_the_next_boundary() {
+        let mut ex = Lonely::default();
+        let mut l = OuterLoop::new(alg(Base::LocalSgd, 1, true), &plain_sgd(), vec![0.0])
+            .unwrap()
+            .with_compressed_average();
+        // x moves to 0.3; the boundary sends -0.5 (0.3 rounded to a half)
+        // and keeps 0.2.
+        l.step(&mut ex, &mut [-0.3], &mut 0.0, 1.0).unwrap();
+        assert_eq!(l.params(), [0.5]);
+        let kept = l.state().average_residual[0];
+        assert!((kept - 0.2).abs() < 1e-6, "{kept}");
+        // A move of 0.2 and the 0.2 kept cancel: the total sent is the
+        // total moved, 0.5.
+        l.step(&mut ex, &mut [-0.2], &mut 0.0, 1.0).unwrap();
+        assert_eq!(l.params(), [0.5]);
+        assert!(l.state().average_residual[0].abs() < 1e-6);
+        assert_eq!(ex.calls, ["compressed average", "buffers"].repeat(2));
+        // The residual is state: it round-trips, and a joiner forgets it.
+        let mut b = OuterLoop::new(alg(Base::LocalSgd, 1, true), &plain_sgd(), vec![0.0])
+            .unwrap()
+            .with_compressed_average();
+        b.restore(l.state()).unwrap();
+        assert_eq!(b.state(), l.state());
+        b.clear_average_residual();
+        assert_eq!(b.state().average_residual, [0.0]);
+        let plain = OuterLoop::new(alg(Base::LocalSgd, 1, true), &plain_sgd(), vec![0.0]).unwrap();
+        assert!(
+            plain.clone().restore(l.state()).is_err(),
+            "a residual for a run that averages exactly is refused"
+        );
     }
 }

@@ -148,6 +148,19 @@ pub struct TrainOptions {
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compress: Option<Compression>,
+    /// Exact-average encoding at each outer boundary: none, bf16, int8 or
+    /// topk:F. Each worker sends its compressed `anchor - x` (plus the error
+    /// it kept from the last boundary, which it keeps again); all decode and
+    /// sum the same bytes in rank order, so every worker ends with the same
+    /// bits [default: none].
+    #[arg(long)]
+    #[serde(
+        default,
+        deserialize_with = "opt_from_str",
+        serialize_with = "opt_display"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress_average: Option<Compression>,
     /// Communication graph for sgp/osgp (see `slowmo topology`) [default: exponential].
     #[arg(long)]
     #[serde(
@@ -332,6 +345,7 @@ buffer_policy = "reset"
 staleness = 2
 background_gossip = false
 compress = "int8"
+compress_average = "bf16"
 graph = "ring"
 peers = 2
 optimizer = "adam"
@@ -368,6 +382,7 @@ seed = 3
         "--staleness=1",
         "--background-gossip",
         "--compress=topk:0.1",
+        "--compress-average=int8",
         "--graph=exponential",
         "--peers=1",
         "--optimizer=sgd",

@@ -26,6 +26,10 @@ pub struct StepRecord {
     /// Standard deviation of the push-sum weights over workers (at evaluations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_spread: Option<f64>,
+    /// `||e||` of this worker's compressed-average residual (at outer
+    /// boundaries, with `--compress-average`): what it has not sent yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub average_residual_norm: Option<f64>,
     /// Mean over workers of their test accuracy (at evaluations; with
     /// background gossip, this worker's own, without any collective).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -202,6 +206,7 @@ mod tests {
             gossip_rounds: step + 1,
             consensus_distance: None,
             weight_spread: None,
+            average_residual_norm: None,
             test_accuracy: (step % 10 == 9).then_some(0.5),
             train_loss: None,
         }

@@ -113,6 +113,31 @@ impl TrainOptions {
             ));
         }
 
+        let compress = self.compress.unwrap_or_default();
+        if !compress.is_none() && !algorithm.base.uses_push_sum() {
+            return Err(invalid(
+                "compress",
+                format!(
+                    "compresses push-sum shares, and base {} sends none (use sgp or osgp, or \
+                     --compress-average for the exact averages)",
+                    algorithm.base
+                ),
+            ));
+        }
+        let compress_average = self.compress_average.unwrap_or_default();
+        let averages = algorithm.slowmo.average && algorithm.base != Base::ArSgd;
+        if !compress_average.is_none() && !averages {
+            let why = if algorithm.base == Base::ArSgd {
+                "ar-sgd keeps the workers identical and averages gradients, not parameters"
+            } else {
+                "this run takes no exact average (--no-average)"
+            };
+            return Err(invalid(
+                "compress_average",
+                format!("compresses the exact averages at the outer boundaries, and {why}"),
+            ));
+        }
+
         let kind = self.optimizer.unwrap_or(OptimizerKind::Sgd);
         let mut optimizer = OptimizerConfig {
             kind,
@@ -204,7 +229,8 @@ impl TrainOptions {
             partition,
             graph,
             seed,
-            compress: self.compress.unwrap_or_default(),
+            compress,
+            compress_average,
         })
     }
 }
@@ -317,6 +343,9 @@ pub struct RunConfig {
     /// uncompressed run's settings and hash are those of earlier versions.
     #[serde(default, skip_serializing_if = "Compression::is_none")]
     pub compress: Compression,
+    /// Exact-average encoding at the outer boundaries; absent when none.
+    #[serde(default, skip_serializing_if = "Compression::is_none")]
+    pub compress_average: Compression,
 }
 
 /// A setting that differs between a run's earlier part (its checkpoints)

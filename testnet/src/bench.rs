@@ -260,6 +260,7 @@ mod tests {
                 gossip_rounds: step + 1,
                 consensus_distance: None,
                 weight_spread: None,
+                average_residual_norm: None,
                 test_accuracy: None,
                 train_loss: None,
             };

@@ -10,8 +10,47 @@ use std::process::Command;
 mod local_support;
 use local_support::slowmo_bin;
 
-fn check(flags: &[&str]) {
+/// Runs `flags` in the simulator and on a local testnet of `nodes`
+/// processes and asserts that every node's final parameter file equals the
+/// simulator's byte for byte; returns the folder (`sim.safetensors`, and
+/// the testnet's outputs under `net/`).
+fn agree(nodes: usize, flags: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
+    let sim = dir.path().join("sim.safetensors");
+    let status = Command::new(slowmo_bin())
+        .args(["simulate", "--quiet", "--workers", &nodes.to_string()])
+        .args(flags)
+        .arg("--save-params")
+        .arg(&sim)
+        .status()
+        .unwrap();
+    assert!(status.success(), "simulate {flags:?}");
+    let out = dir.path().join("net");
+    let status = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["local", "--quiet", "--nodes", &nodes.to_string()])
+        .args(["--join-timeout", "60", "--peer-timeout", "60"])
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .arg("--out")
+        .arg(&out)
+        .args(flags)
+        .status()
+        .unwrap();
+    assert!(status.success(), "local testnet {flags:?}");
+    let a = std::fs::read(&sim).unwrap();
+    for node in 0..nodes {
+        let path = out.join(format!("node-{node}/params.safetensors"));
+        let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            a == b,
+            "{flags:?}: node {node}'s parameter file differs from the simulator's"
+        );
+    }
+    dir
+}
+
+/// [`agree`] on 4 nodes with the small MLP over 312 steps.
+fn check(flags: &[&str]) {
     let common = [
         "--steps",
         "312",
@@ -22,46 +61,7 @@ fn check(flags: &[&str]) {
         "--batch-size",
         "16",
     ];
-    let sim = dir.path().join("sim.safetensors");
-    let status = Command::new(slowmo_bin())
-        .args(["simulate", "--workers", "4", "--quiet"])
-        .args(common)
-        .args(flags)
-        .arg("--save-params")
-        .arg(&sim)
-        .status()
-        .unwrap();
-    assert!(status.success(), "simulate {flags:?}");
-    let out = dir.path().join("net");
-    let status = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
-        .args([
-            "local",
-            "--nodes",
-            "4",
-            "--quiet",
-            "--join-timeout",
-            "60",
-            "--peer-timeout",
-            "60",
-        ])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(&out)
-        .args(common)
-        .args(flags)
-        .status()
-        .unwrap();
-    assert!(status.success(), "local testnet {flags:?}");
-    let a = std::fs::read(&sim).unwrap();
-    for node in 0..4 {
-        let path = out.join(format!("node-{node}/params.safetensors"));
-        let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert!(
-            a == b,
-            "{flags:?}: node {node}'s parameter file differs from the simulator's"
-        );
-    }
+    agree(4, &[&common[..], flags].concat());
 }
 
 #[test]
@@ -98,18 +98,84 @@ fn testnet_matches_simulator_through_an_unstable_learning_rate() {
 /// with int8 and top-k shares, and over OSGP with int8, give the
 /// simulator's bytes.
 #[test]
-fn testnet_matches_simulator_with_compressed_gossip() {
-    for codec in ["int8", "topk:0.05"] {
-        check(&[
-            "--base",
-            "sgp",
-            "--beta",
-            "0.5",
-            "--tau",
-            "6",
-            "--compress",
-            codec,
-        ]);
-    }
+fn testnet_matches_simulator_with_compressed_gossip_and_averages() {
+    let slowmo_sgp = ["--base", "sgp", "--beta", "0.5", "--tau", "6"];
+    check(
+        &[
+            &slowmo_sgp[..],
+            &["--compress", "int8", "--compress-average", "int8"],
+        ]
+        .concat(),
+    );
+    check(&[&slowmo_sgp[..], &["--compress", "topk:0.05"]].concat());
     check(&["--preset", "sgp", "--compress", "bf16"]);
+    check(&[
+        "--base",
+        "local-sgd",
+        "--beta",
+        "0.5",
+        "--tau",
+        "6",
+        "--compress-average",
+        "int8",
+    ]);
+}
+
+/// The transformer language model on text the test writes: a 2-process
+/// testnet gives the simulator's bytes for Local SGD, as the MLP does, and
+/// each node's summary holds the held-out perplexity and its tokens per
+/// second.
+#[test]
+fn testnet_matches_simulator_for_local_sgd_with_the_transformer() {
+    let text_dir = tempfile::tempdir().unwrap();
+    let corpus = text_dir.path().join("corpus.txt");
+    let text: String = (0..400)
+        .map(|i| format!("line {i}: pack my box with {} liquor jugs.\n", i % 7))
+        .collect();
+    std::fs::write(&corpus, text).unwrap();
+    let dataset = format!("text:{}", corpus.display());
+    let common = [
+        "--model",
+        "transformer",
+        "--dataset",
+        &dataset,
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--width",
+        "16",
+        "--context",
+        "16",
+        "--optimizer",
+        "adam",
+        "--preset",
+        "local-sgd",
+        "--tau",
+        "4",
+        "--steps",
+        "16",
+        "--eval-every",
+        "0",
+        "--batch-size",
+        "4",
+    ];
+    let dir = agree(2, &common);
+    let a = std::fs::read(dir.path().join("sim.safetensors")).unwrap();
+    assert!(
+        a.windows(22).any(|w| w == b"transformer.wte.weight"),
+        "the simulator's file holds the transformer's tensors"
+    );
+    for node in 0..2 {
+        let path = dir.path().join(format!("net/node-{node}/summary.json"));
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let ppl = summary["test_perplexity"].as_f64().unwrap();
+        let loss = summary["test_loss"].as_f64().unwrap();
+        assert!((ppl.ln() - loss).abs() < 1e-4 && ppl < 256.0, "{summary}");
+        assert!(
+            summary["tokens_per_second"].as_f64().unwrap() > 0.0,
+            "{summary}"
+        );
+    }
 }

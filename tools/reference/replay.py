@@ -98,6 +98,9 @@ def load_dump(folder):
         problems.append(f"buffer policy {alg['slowmo']['buffer_policy']} (fairscale maintains)")
     if alg["base"] == "sgp" and not str(config["graph"]).startswith("exponential"):
         problems.append(f"graph {config['graph']} (fairscale's default is the exponential graph)")
+    for key in ("compress", "compress_average"):
+        if config.get(key, "none") != "none":
+            problems.append(f"{key} {config[key]} (fairscale sends f32)")
     if problems:
         raise SystemExit("cannot replay " + folder + ": " + "; ".join(problems))
     return config
@@ -197,6 +200,9 @@ def worker(rank, world, folder, opts, port, out_path):
                 continue
             ours = flat(load_file(path), names)
             theirs = flat({n: p.detach() for n, p in module.named_parameters()}, names)
+            if opts.save:
+                os.makedirs(opts.save, exist_ok=True)
+                torch.save(theirs, os.path.join(opts.save, f"step-{step + 1}.pt"))
             diff = (ours - theirs).abs()
             results.append(
                 dict(
@@ -275,6 +281,11 @@ def main():
     p.add_argument("--mean", type=float, default=0.2860, help="standardisation (slowmo's Fashion-MNIST constants)")
     p.add_argument("--std", type=float, default=0.3530)
     p.add_argument("--tolerance", type=float, default=1e-5)
+    p.add_argument(
+        "--save",
+        help="also write rank 0's parameters after every outer step (step-N.pt, float64) into this "
+        "folder, to compare two replays with each other (compare.py)",
+    )
     p.add_argument("--json", help="also write the per-outer-step figures to this file")
     opts = p.parse_args()
     if not os.path.isdir(opts.dump):

@@ -15,6 +15,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use slowmo_gossip::compress::{Compression, compressed_average};
 use slowmo_gossip::p2p::lane::default_connections;
 use slowmo_gossip::p2p::{DataLane, P2pComm, P2pConfig, RunIdentity};
 use slowmo_gossip::{Communicator, PushSumRound};
@@ -106,6 +107,11 @@ pub enum BenchCommand {
         /// Lane connections per direction [default: one per core, 2 to 8].
         #[arg(long)]
         lane_connections: Option<usize>,
+        /// Codecs of the exact average to measure: none (the f32
+        /// all-reduce) or one of --compress-average's (an all-gather of
+        /// the compressed contributions, decoded and summed by every node).
+        #[arg(long, value_delimiter = ',', default_value = "none")]
+        compress_average: Vec<Compression>,
         /// Print the figures as one JSON document instead of a table.
         #[arg(long)]
         json: bool,
@@ -148,11 +154,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
             transport,
             data_lane,
             lane_connections,
+            compress_average,
             json,
         } => allreduce(
             nodes,
             &floats,
             &schedule,
+            &compress_average,
             chunk_floats,
             repeats.max(1),
             &transport,
@@ -459,6 +467,7 @@ fn direct_max_for(asked: &str) -> Result<usize> {
 /// the seconds of each timed repeat (as long as its slowest rank).
 struct Reduced {
     floats: usize,
+    codec: Compression,
     asked: String,
     schedule: &'static str,
     secs: Vec<f64>,
@@ -477,6 +486,7 @@ fn allreduce(
     nodes: usize,
     sizes: &[usize],
     schedules: &[String],
+    codecs: &[Compression],
     chunk: Option<usize>,
     repeats: usize,
     transport: &str,
@@ -489,7 +499,10 @@ fn allreduce(
     }
     let mut figures = Vec::new();
     for &floats in sizes {
-        for asked in schedules {
+        for (&codec, asked) in codecs
+            .iter()
+            .flat_map(|c| schedules.iter().map(move |s| (c, s)))
+        {
             let direct_max = direct_max_for(asked)?;
             let cfg = |floats| -> Result<P2pConfig> {
                 let mut cfg = p2p_config(transport, nodes, floats, lane, k)?;
@@ -500,9 +513,10 @@ fn allreduce(
                 Ok(cfg)
             };
             let schedule = cfg(floats)?.schedule(floats, nodes).name();
-            let secs = allreduce_once(nodes, floats, repeats, &cfg)?;
+            let secs = allreduce_once(nodes, floats, codec, repeats, &cfg)?;
             figures.push(Reduced {
                 floats,
+                codec,
                 asked: asked.clone(),
                 schedule,
                 secs,
@@ -522,6 +536,7 @@ fn allreduce(
                 let median = f.median();
                 serde_json::json!({
                     "floats": f.floats,
+                    "compress_average": f.codec.to_string(),
                     "schedule_asked": f.asked,
                     "schedule": f.schedule,
                     "median_seconds": median,
@@ -546,20 +561,22 @@ fn allreduce(
     }
     println!(
         "all-reduce over {nodes} nodes ({transport} control, {lane} data lane, {k} connections; \
-         messages of at most {} floats; threads of one process; median of {repeats})",
+         messages of at most {} floats; threads of one process; median of {repeats}; \
+         Gbit/s of the f32 model's bytes, whatever the codec)",
         chunk.unwrap_or(slowmo_gossip::CHUNK_FLOATS)
     );
     println!(
-        "{:>10} {:>8} {:>7} {:>9} {:>10} {:>11} {:>11}",
-        "floats", "MiB", "asked", "schedule", "median s", "bus Gbit/s", "min s"
+        "{:>10} {:>8} {:>9} {:>7} {:>9} {:>10} {:>11} {:>11}",
+        "floats", "MiB", "codec", "asked", "schedule", "median s", "bus Gbit/s", "min s"
     );
     for f in &figures {
         let median = f.median();
         let min = f.secs.iter().copied().fold(f64::INFINITY, f64::min);
         println!(
-            "{:>10} {:>8.2} {:>7} {:>9} {:>10.4} {:>11.2} {:>11.4}",
+            "{:>10} {:>8.2} {:>9} {:>7} {:>9} {:>10.4} {:>11.2} {:>11.4}",
             f.floats,
             4.0 * f.floats as f64 / (1 << 20) as f64,
+            f.codec.to_string(),
             f.asked,
             f.schedule,
             median,
@@ -571,10 +588,12 @@ fn allreduce(
 }
 
 /// Starts `nodes` nodes (threads of this process) and times `repeats`
-/// all-reduces of `floats` floats after one warm-up.
+/// exact averages of `floats` floats after one warm-up: all-reduces, or
+/// compressed averages with `codec`.
 fn allreduce_once(
     nodes: usize,
     floats: usize,
+    codec: Compression,
     repeats: usize,
     cfg: &dyn Fn(usize) -> Result<P2pConfig>,
 ) -> Result<Vec<f64>> {
@@ -598,17 +617,29 @@ fn allreduce_once(
         .map(|mut c| {
             std::thread::spawn(move || -> Result<(P2pComm, Vec<f64>)> {
                 let mut buf: Vec<f32> = (0..floats).map(|i| (i % 100) as f32 * 0.01).collect();
+                let (anchor, mut residual) = (vec![0f32; floats], vec![0f32; floats]);
                 let mut times = Vec::new();
                 for k in 0..=repeats {
                     let mut s = 1.0;
                     c.barrier()?;
                     let t = Instant::now();
-                    c.all_reduce_sum(&mut buf, &mut s)?;
+                    if codec.is_none() {
+                        c.all_reduce_sum(&mut buf, &mut s)?;
+                        let inv = 1.0 / s as f32;
+                        buf.iter_mut().for_each(|v| *v *= inv);
+                    } else {
+                        compressed_average(
+                            &mut c,
+                            codec,
+                            &mut buf,
+                            &mut s,
+                            &anchor,
+                            &mut residual,
+                        )?;
+                    }
                     if k > 0 {
                         times.push(t.elapsed().as_secs_f64());
                     }
-                    let inv = 1.0 / s as f32;
-                    buf.iter_mut().for_each(|v| *v *= inv);
                 }
                 Ok((c, times))
             })

@@ -189,6 +189,8 @@ impl Worker<'_> {
         self.outer
             .restore(ck.state)
             .map_err(|e| TrainError::Resume(format!("the state a member sent: {e}")))?;
+        // The sender's compression error stays with the sender.
+        self.outer.clear_average_residual();
         self.losses = LossWindow::default();
         ck.losses.into_iter().for_each(|l| self.losses.push(l));
         self.adopt(&view)?;

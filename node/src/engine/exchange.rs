@@ -2,6 +2,7 @@
 //! machine in `optim` asks for, done by the protocol layer in `gossip` with
 //! this round's peers from `topologies`.
 
+use slowmo_gossip::compress::{Compression, compressed_average};
 use slowmo_gossip::{CommError, Communicator, PushSumRound, ReduceOp, exact_average};
 use slowmo_optim::{Exchange, PushSum};
 use slowmo_topologies::Topology;
@@ -16,6 +17,11 @@ pub(crate) fn sum_over_workers(
     let mut extra = 0.0;
     comm.all_reduce_sum(&mut buf, &mut extra)?;
     Ok(buf.into_iter().map(f64::from).collect())
+}
+
+/// Euclidean norm of a vector.
+pub(crate) fn l2_norm(a: &[f32]) -> f64 {
+    a.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt()
 }
 
 /// Euclidean distance of two parameter vectors.
@@ -38,6 +44,8 @@ pub struct CommExchange<'a> {
     measure_consensus: bool,
     /// Mean over workers of ||z_i - z_bar|| at the latest exact average.
     consensus: Option<f64>,
+    /// The codec of the compressed exact averages (`--compress-average`).
+    average_codec: Compression,
 }
 
 impl<'a> CommExchange<'a> {
@@ -51,7 +59,30 @@ impl<'a> CommExchange<'a> {
             topology,
             measure_consensus,
             consensus: None,
+            average_codec: Compression::None,
         }
+    }
+
+    /// Compressed exact averages at the outer boundaries use `codec`.
+    pub fn with_average_codec(mut self, codec: Compression) -> Self {
+        self.average_codec = codec;
+        self
+    }
+
+    /// Runs `average` on the state and, when asked, measures the consensus
+    /// distance it closed.
+    fn measured(
+        &mut self,
+        state: &mut PushSum,
+        average: impl FnOnce(&mut dyn Communicator, &mut PushSum) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        let before = self.measure_consensus.then(|| state.debiased());
+        average(&mut *self.comm, state)?;
+        if let Some(before) = before {
+            let d = sum_over_workers(&mut *self.comm, &[l2_distance(&before, &state.x)])?;
+            self.consensus = Some(d[0] / self.comm.world_size() as f64);
+        }
+        Ok(())
     }
 
     /// The consensus distance measured at the latest exact average, once.
@@ -112,13 +143,19 @@ impl Exchange for CommExchange<'_> {
     }
 
     fn exact_average(&mut self, state: &mut PushSum) -> Result<(), CommError> {
-        let before = self.measure_consensus.then(|| state.debiased());
-        exact_average(&mut *self.comm, &mut state.x, &mut state.w)?;
-        if let Some(before) = before {
-            let d = sum_over_workers(&mut *self.comm, &[l2_distance(&before, &state.x)])?;
-            self.consensus = Some(d[0] / self.comm.world_size() as f64);
-        }
-        Ok(())
+        self.measured(state, |comm, s| exact_average(comm, &mut s.x, &mut s.w))
+    }
+
+    fn compressed_average(
+        &mut self,
+        state: &mut PushSum,
+        anchor: &[f32],
+        residual: &mut [f32],
+    ) -> Result<(), CommError> {
+        let codec = self.average_codec;
+        self.measured(state, |comm, s| {
+            compressed_average(comm, codec, &mut s.x, &mut s.w, anchor, residual)
+        })
     }
 
     fn average_buffers(&mut self, buffers: Vec<&mut [f32]>) -> Result<(), CommError> {

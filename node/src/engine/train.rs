@@ -23,7 +23,7 @@ use slowmo_topologies::Topology;
 
 use crate::config::RunConfig;
 use crate::data::{Batcher, Dataset, Split};
-use crate::engine::exchange::{CommExchange, l2_distance, sum_over_workers};
+use crate::engine::exchange::{CommExchange, l2_distance, l2_norm, sum_over_workers};
 use crate::engine::worker::{LossWindow, Place, Worker};
 use crate::io::checkpoint::{Checkpoint, CheckpointError};
 use crate::model::{Model, ModelError};
@@ -220,6 +220,7 @@ fn new_record(step: u64, started: Instant, loss: f32, lr: f32, outer: &OuterLoop
         gossip_rounds: outer.rounds(),
         consensus_distance: None,
         weight_spread: None,
+        average_residual_norm: None,
         test_accuracy: None,
         train_loss: None,
     }
@@ -338,8 +339,11 @@ pub fn run_worker_keeping(
     // before any step.
     let x0 = model.init_params(config.seed);
     let grad = vec![0f32; x0.len()];
-    let outer = OuterLoop::new(config.algorithm.clone(), &config.optimizer, x0)
+    let mut outer = OuterLoop::new(config.algorithm.clone(), &config.optimizer, x0)
         .map_err(|e| early(TrainError::Comm(CommError::Config(e.to_string()))))?;
+    if !config.compress_average.is_none() {
+        outer = outer.with_compressed_average();
+    }
     let batcher = Batcher::new(shard, batch_seed(config.seed, rank));
     let eval_split = head(&dataset.test, sample_len, EVAL_SAMPLES);
     let mut w = Worker {
@@ -409,7 +413,8 @@ impl Worker<'_> {
         let config = self.config.clone();
         let sample_len = self.sample_len;
         let topology = self.topology.clone();
-        let mut net = CommExchange::new(comm, &*topology, self.push_sum);
+        let mut net = CommExchange::new(comm, &*topology, self.push_sum)
+            .with_average_codec(config.compress_average);
         let (mut images, mut labels) = (Vec::new(), Vec::new());
         if let Some(gate) = &self.gate {
             gate.member(true);
@@ -446,6 +451,10 @@ impl Worker<'_> {
             let mut record = new_record(step, self.started, loss, lr, &self.outer);
             if report.outer_boundary {
                 record.consensus_distance = net.take_consensus();
+                let residual = self.outer.average_residual();
+                if !residual.is_empty() {
+                    record.average_residual_norm = Some(l2_norm(residual));
+                }
                 if let Some(plan) = &self.checkpoints
                     && self.outer.slowmo().outer_steps().is_multiple_of(plan.every)
                 {

@@ -6,7 +6,8 @@
 //! under the model's layer names (so PyTorch's `safetensors.torch.load_file`
 //! reads them as a `state_dict`), plus flat tensors for the SlowMo anchor and
 //! momentum, each base-optimizer buffer and, when the push-sum weight is not
-//! 1, the numerator itself. The metadata holds the counters, the push-sum
+//! 1, the numerator itself, and the compressed average's residual when the
+//! run has one (`--compress-average`). The metadata holds the counters, the push-sum
 //! weight, the data-stream position, the recent losses, the run's identity
 //! (config hash, run id, rank, view) and a SHA-256 over every tensor.
 //!
@@ -160,6 +161,9 @@ impl Checkpoint {
         }
         if s.w != 1.0 {
             flat("push_sum.numerator".into(), &s.x);
+        }
+        if !s.average_residual.is_empty() {
+            flat("slowmo.average_residual".into(), &s.average_residual);
         }
         let hash = content_hash(
             tensors
@@ -360,6 +364,11 @@ impl Checkpoint {
             optimizer_steps: num("optimizer_steps")?,
             steps: num("steps")?,
             rounds: num("rounds")?,
+            average_residual: if file.names().contains(&"slowmo.average_residual") {
+                tensor("slowmo.average_residual", &[n])?
+            } else {
+                Vec::new()
+            },
         };
         let losses = get("losses")?
             .split(',')
@@ -505,6 +514,7 @@ mod tests {
                 optimizer_steps: 84,
                 steps,
                 rounds: 84,
+                average_residual: Vec::new(),
             },
             epoch: 2,
             position: 17,
@@ -522,6 +532,11 @@ mod tests {
             assert_eq!(back, c);
             assert_eq!(back.losses[2].to_bits(), (-0.0f32).to_bits());
         }
+        let mut c = checkpoint(1.0, 84);
+        c.state.average_residual = vec![1e-3, -0.0, 2.5e-7, 0.0, -4.0, 1.0];
+        let bytes = c.to_bytes(&layout()).unwrap();
+        let back = Checkpoint::from_bytes(&bytes, &layout(), &identity(), Path::new("c")).unwrap();
+        assert_eq!(back, c, "the compressed average's residual is kept");
     }
 
     #[test]

@@ -44,6 +44,7 @@ struct NodeMetrics {
     weight: FloatGauge,
     consensus_distance: FloatGauge,
     weight_spread: FloatGauge,
+    average_residual_norm: FloatGauge,
     gossip_rounds: Gauge,
     evaluations: Counter,
     barriers: Counter,
@@ -75,6 +76,7 @@ impl NodeMetrics {
             weight: Default::default(),
             consensus_distance: Default::default(),
             weight_spread: Default::default(),
+            average_residual_norm: Default::default(),
             gossip_rounds: Default::default(),
             evaluations: Default::default(),
             barriers: Default::default(),
@@ -121,6 +123,11 @@ impl NodeMetrics {
             "weight_spread",
             "Standard deviation of the push-sum weights at the latest evaluation",
             m.weight_spread,
+        );
+        r.register(
+            "average_residual_norm",
+            "||e|| of what the compressed exact average kept back at the latest barrier (--compress-average)",
+            m.average_residual_norm,
         );
         r.register(
             "gossip_rounds",
@@ -210,6 +217,9 @@ impl NodeMetrics {
         }
         if let Some(s) = r.weight_spread {
             self.weight_spread.set(s);
+        }
+        if let Some(e) = r.average_residual_norm {
+            self.average_residual_norm.set(e);
         }
         if let Some(t0) = previous_time
             && r.time >= t0
@@ -398,6 +408,7 @@ mod tests {
             gossip_rounds: step + 1,
             consensus_distance: Some(0.125),
             weight_spread: None,
+            average_residual_norm: None,
             test_accuracy: (step == 9).then_some(0.875),
             train_loss: None,
         }

@@ -146,6 +146,11 @@ pub fn figures(data: &RunData) -> anyhow::Result<(Vec<html::Figure>, Vec<String>
         |r| Some((step(r), r.weight_spread?)),
         " weight spread",
     ));
+    consensus.extend(lines(
+        data,
+        |r| Some((step(r), r.average_residual_norm?)),
+        " average residual",
+    ));
     let specs: Vec<(&'static str, Chart, String)> = vec![
         (
             "loss-step",
@@ -192,7 +197,7 @@ pub fn figures(data: &RunData) -> anyhow::Result<(Vec<html::Figure>, Vec<String>
                 lines: consensus,
                 markers: markers.clone(),
             },
-            "Mean ||z_i - z_bar|| over nodes at barriers and evaluations, and the standard deviation of the push-sum weights at evaluations.".into(),
+            "Mean ||z_i - z_bar|| over nodes at barriers and evaluations, the standard deviation of the push-sum weights at evaluations, and (with --compress-average) each node's ||e||, what its compressed averages kept back.".into(),
         ),
         (
             "weight",
@@ -295,6 +300,7 @@ mod tests {
             gossip_rounds: 0,
             consensus_distance: None,
             weight_spread: None,
+            average_residual_norm: None,
             test_accuracy: None,
             train_loss: None,
         }
