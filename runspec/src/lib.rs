@@ -25,5 +25,7 @@ pub use limits::{
 };
 pub use options::{ConfigError, TrainOptions};
 pub use records::{NodeSummary, StepRecord, ViewEvent, last_record, step_rate, step_records};
-pub use resolve::{MAX_BATCH_SIZE, MAX_STALENESS, RunConfig, SettingChange, resume_differences};
+pub use resolve::{
+    MAX_BATCH_SIZE, MAX_STALENESS, RunConfig, SettingChange, flat_settings, resume_differences,
+};
 pub use table::{ResultRow, human_bytes, results_table};

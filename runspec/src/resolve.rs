@@ -410,6 +410,14 @@ pub fn resume_differences(earlier: &str, now: &str) -> Result<Vec<SettingChange>
         .collect())
 }
 
+/// A settings document's leaves as (dotted name, value): `algorithm.slowmo.beta`
+/// and its JSON text, f32 settings shown as the f32 they are.
+pub fn flat_settings(value: &serde_json::Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    flatten("", value, &mut out);
+    out
+}
+
 /// `value`'s leaves as (dotted name, JSON text).
 fn flatten(prefix: &str, value: &serde_json::Value, out: &mut Vec<(String, String)>) {
     match value {

@@ -98,31 +98,13 @@ impl AdmissionArgs {
 /// The settings behind the config hash, flattened (`algorithm.slowmo.beta`),
 /// so that peers can name the ones that differ.
 pub fn config_settings(config: &RunConfig) -> BTreeMap<String, String> {
-    fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
-        match v {
-            serde_json::Value::Object(map) => {
-                for (k, v) in map {
-                    let name = if prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{prefix}.{k}")
-                    };
-                    flatten(&name, v, out);
-                }
-            }
-            other => {
-                out.insert(prefix.to_string(), other.to_string());
-            }
-        }
+    let Ok(mut v) = serde_json::to_value(config) else {
+        return BTreeMap::new();
+    };
+    if let Some(map) = v.as_object_mut() {
+        map.remove("data_dir");
     }
-    let mut out = BTreeMap::new();
-    if let Ok(mut v) = serde_json::to_value(config) {
-        if let Some(map) = v.as_object_mut() {
-            map.remove("data_dir");
-        }
-        flatten("", &v, &mut out);
-    }
-    out
+    slowmo_runspec::flat_settings(&v).into_iter().collect()
 }
 
 /// Writes `text` to a new file readable by its owner only; refuses to

@@ -25,8 +25,66 @@ fn tiny_cnn() -> Model {
     Model::new(ModelKind::Cnn, &[], 2, 13, 12, 3, &cpu()).unwrap()
 }
 
-/// Central differences at a few coordinates of every tensor (its largest
-/// gradient entries plus seeded random ones) against the analytic gradient.
+/// How a central-difference check probes and what it tolerates: `eps`, the
+/// random coordinates per tensor beside its largest gradient entry, and
+/// `|fd - grad| <= abs + rel |grad|`.
+pub(super) struct Differences {
+    pub eps: f32,
+    pub random: usize,
+    pub abs: f32,
+    pub rel: f32,
+    pub seed: u64,
+}
+
+/// Central differences of the loss at `params` on `(inputs, labels)`, at
+/// each tensor's largest gradient entry and seeded random coordinates,
+/// against the analytic gradient `grad` there. Returns the coordinates
+/// checked.
+pub(super) fn check_differences(
+    model: &mut Model,
+    params: &[f32],
+    inputs: &[f32],
+    labels: &[u32],
+    grad: &[f32],
+    d: &Differences,
+) -> usize {
+    let mut scratch = vec![0.0; model.num_params()];
+    let mut rng = Rng::new(d.seed);
+    let layout = model.layout().to_vec();
+    let mut checked = 0;
+    for spec in &layout {
+        let r = spec.range();
+        let biggest = r
+            .clone()
+            .max_by(|&a, &b| grad[a].abs().total_cmp(&grad[b].abs()))
+            .unwrap();
+        let random = (0..d.random).map(|_| r.start + rng.below(spec.numel() as u64) as usize);
+        for i in std::iter::once(biggest).chain(random) {
+            let mut p = params.to_vec();
+            p[i] += d.eps;
+            let up = model
+                .loss_and_grad(&p, inputs, labels, &mut scratch)
+                .unwrap();
+            p[i] -= 2.0 * d.eps;
+            let down = model
+                .loss_and_grad(&p, inputs, labels, &mut scratch)
+                .unwrap();
+            let fd = (up - down) / (2.0 * d.eps);
+            assert!(
+                (fd - grad[i]).abs() <= d.abs + d.rel * grad[i].abs(),
+                "{} [{}]: finite difference {fd}, analytic {}",
+                spec.name,
+                i - r.start,
+                grad[i]
+            );
+            checked += 1;
+        }
+        assert!(grad[biggest].abs() > 1e-4, "{} has no gradient", spec.name);
+    }
+    checked
+}
+
+/// [`check_differences`] at the model's initial parameters on a seeded batch.
 fn check_gradient(model: &mut Model, seed: u64) {
     let params = model.init_params(seed);
     let (images, labels) = batch(model, 4, seed + 100);
@@ -34,38 +92,14 @@ fn check_gradient(model: &mut Model, seed: u64) {
     model
         .loss_and_grad(&params, &images, &labels, &mut grad)
         .unwrap();
-    let mut scratch = vec![0.0; model.num_params()];
-    let mut rng = Rng::new(seed);
-    let eps = 1e-3f32;
-    let layout = model.layout().to_vec();
-    for spec in &layout {
-        let r = spec.range();
-        let biggest = r
-            .clone()
-            .max_by(|&a, &b| grad[a].abs().total_cmp(&grad[b].abs()))
-            .unwrap();
-        let random = (0..3).map(|_| r.start + rng.below(spec.numel() as u64) as usize);
-        for i in std::iter::once(biggest).chain(random) {
-            let mut p = params.clone();
-            p[i] += eps;
-            let up = model
-                .loss_and_grad(&p, &images, &labels, &mut scratch)
-                .unwrap();
-            p[i] -= 2.0 * eps;
-            let down = model
-                .loss_and_grad(&p, &images, &labels, &mut scratch)
-                .unwrap();
-            let fd = (up - down) / (2.0 * eps);
-            assert!(
-                (fd - grad[i]).abs() <= 1e-3 + 0.03 * grad[i].abs(),
-                "{} [{}]: finite difference {fd}, analytic {}",
-                spec.name,
-                i - spec.offset,
-                grad[i]
-            );
-        }
-        assert!(grad[biggest].abs() > 1e-4, "{} has no gradient", spec.name);
-    }
+    let d = Differences {
+        eps: 1e-3,
+        random: 3,
+        abs: 1e-3,
+        rel: 0.03,
+        seed,
+    };
+    check_differences(model, &params, &images, &labels, &grad, &d);
 }
 
 #[test]

@@ -47,39 +47,16 @@ fn transformer_gradient_matches_finite_differences() {
     model
         .loss_and_grad(&params, &samples, &labels, &mut grad)
         .unwrap();
-    let mut scratch = vec![0.0; model.num_params()];
-    let mut rng = Rng::new(9);
-    let eps = 1e-2f32;
+    let d = super::tests::Differences {
+        eps: 1e-2,
+        random: 2,
+        abs: 2e-3,
+        rel: 0.05,
+        seed: 9,
+    };
+    let checked =
+        super::tests::check_differences(&mut model, &params, &samples, &labels, &grad, &d);
     let layout = model.layout().to_vec();
-    let mut checked = 0;
-    for spec in &layout {
-        let r = spec.range();
-        let biggest = r
-            .clone()
-            .max_by(|&a, &b| grad[a].abs().total_cmp(&grad[b].abs()))
-            .unwrap();
-        let random = (0..2).map(|_| r.start + rng.below(spec.numel() as u64) as usize);
-        for i in std::iter::once(biggest).chain(random) {
-            let mut p = params.clone();
-            p[i] += eps;
-            let up = model
-                .loss_and_grad(&p, &samples, &labels, &mut scratch)
-                .unwrap();
-            p[i] -= 2.0 * eps;
-            let down = model
-                .loss_and_grad(&p, &samples, &labels, &mut scratch)
-                .unwrap();
-            let fd = (up - down) / (2.0 * eps);
-            assert!(
-                (fd - grad[i]).abs() <= 2e-3 + 0.05 * grad[i].abs(),
-                "{} [{}]: finite difference {fd}, gradient {}",
-                spec.name,
-                i - r.start,
-                grad[i]
-            );
-            checked += 1;
-        }
-    }
     assert_eq!(checked, 3 * layout.len());
     // the tied head: the embedding's gradient has both the input and the
     // output contribution, so every row of the vocabulary gets one
