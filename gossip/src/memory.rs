@@ -556,9 +556,12 @@ impl Communicator for MemoryComm {
                 _ => Err(out_of_order(rank)),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        // What a ring all-gather would move.
+        // What a ring all-gather would move: each rank forwards the others'.
         let total: u64 = words.iter().map(|v| 8 * v.len() as u64).sum();
-        self.leave_collective(total, Schedule::Ring);
+        let block = words.iter().map(|v| 8 * v.len() as u64).max().unwrap_or(0);
+        if let Some(sim) = &mut self.sim {
+            sim.leave_gather(block);
+        }
         let others = total - 8 * values.len() as u64;
         self.stats.bytes_sent += others;
         self.stats.bytes_received += others;

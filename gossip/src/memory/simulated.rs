@@ -190,6 +190,24 @@ impl Simulated {
     /// After the collective completed (every worker entered it); `bytes` is
     /// what each worker contributed.
     pub fn leave_collective(&mut self, bytes: u64, schedule: Schedule) {
+        let m = self.common.net.world_size() as u64;
+        let hops = match schedule {
+            Schedule::Ring => 2 * m.saturating_sub(1),
+            Schedule::Direct => 2,
+        };
+        self.leave_after(hops, bytes as f64 / m.max(1) as f64);
+    }
+
+    /// After a ring all-gather completed whose largest contribution was
+    /// `block` bytes: `m - 1` hops, each forwarding one contribution.
+    pub fn leave_gather(&mut self, block: u64) {
+        let m = self.common.net.world_size() as u64;
+        self.leave_after(m.saturating_sub(1), block as f64);
+    }
+
+    /// Leaves the collective `hops` hops of `chunk` bytes after the last
+    /// worker entered it.
+    fn leave_after(&mut self, hops: u64, chunk: f64) {
         let seq = self.collectives;
         self.collectives += 1;
         let latest = {
@@ -203,21 +221,21 @@ impl Simulated {
             }
             latest.unwrap_or_else(|| self.board().clock(self.rank))
         };
-        let to = latest + self.collective_cost(bytes, schedule);
+        let to = latest + hops as f64 * self.hop_time(chunk);
         self.board().leave_collective(self.rank, to);
     }
 
-    /// A collective of `bytes`: `2 (m - 1)` hops of `bytes / m` for a
-    /// ring, 2 for a direct schedule (each rank's m - 1 messages of a round
-    /// go over their own links at once), each hop as slow as the slowest
-    /// link (without jitter).
-    fn collective_cost(&self, bytes: u64, schedule: Schedule) -> f64 {
+    /// One hop of a collective moving `chunk` bytes over every link at once
+    /// (a ring's step, or a direct schedule's round: each rank's messages
+    /// go over their own links), as slow as the slowest link (without
+    /// jitter).
+    fn hop_time(&self, chunk: f64) -> f64 {
         let net = &self.common.net;
         let m = net.world_size();
         if m < 2 {
             return 0.0;
         }
-        let chunk_bits = (bytes as f64 / m as f64) * 8.0;
+        let chunk_bits = chunk * 8.0;
         let mut hop: f64 = 0.0;
         for from in 0..m {
             for to in (0..m).filter(|to| *to != from) {
@@ -226,11 +244,7 @@ impl Simulated {
                 hop = hop.max(send + link.delay_s.max(MIN_LATENCY_S));
             }
         }
-        let hops = match schedule {
-            Schedule::Ring => 2 * (m - 1),
-            Schedule::Direct => 2,
-        };
-        hops as f64 * hop
+        hop
     }
 
     pub fn virtual_time(&self) -> VirtualTime {
