@@ -361,3 +361,55 @@ fn a_paused_node_the_view_left_out_is_told_and_readmitted_at_once() {
         "{s}"
     );
 }
+
+#[test]
+fn survivors_finish_without_waiting_again_on_a_stopped_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // Node 3 is stopped at step 100 and never resumed by the script. The
+    // others need one peer timeout (12 s) of its silence to leave it out;
+    // after that nothing of theirs may wait on it again: they finish the
+    // remaining steps (a second or two) and exit, not a peer timeout later.
+    // Node 3, woken by the harness at the end, finds the run over.
+    let peer_timeout = 12.0;
+    let run = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
+        .args(["local", "--nodes", "4", "--quiet", "--no-report"])
+        .args(["--steps", "600", "--eval-every", "0", "--hidden", "8"])
+        .args([
+            "--batch-size",
+            "8",
+            "--join-timeout",
+            "10",
+            "--peer-timeout",
+            "12",
+        ])
+        .args(["--faults", "pause 3@100"])
+        .arg("--slowmo-bin")
+        .arg(slowmo_bin())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let t = text(&run);
+    // The harness's clock (fates' `ended_at_s`) against the nodes' logs.
+    let first = &events(&out)[0];
+    let start = first["unix"].as_f64().unwrap() - first["t"].as_f64().unwrap();
+    let fates = fates(&out);
+    for (i, f) in fates.iter().take(3).enumerate() {
+        assert_eq!(f["fate"], "finished", "node-{i}: {f}\n{t}");
+        let log = std::fs::read_to_string(out.join(format!("node-{i}/node.log"))).unwrap();
+        let left_out = log
+            .lines()
+            .filter(|l| l.contains("view 1:"))
+            .find_map(log_time)
+            .unwrap_or_else(|| panic!("node-{i} never left node-3 out:\n{log}"))
+            - start;
+        let after = f["ended_at_s"].as_f64().unwrap() - left_out;
+        assert!(
+            after < peer_timeout / 2.0,
+            "node-{i} exited {after:.1} s after the view without the stopped peer: it \
+             waited on it again\n{log}"
+        );
+    }
+    assert_ne!(fates[3]["fate"], "finished", "{t}");
+}
