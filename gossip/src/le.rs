@@ -1,5 +1,7 @@
-//! `f32` little-endian payloads: the two helpers every decoder of plain
-//! values shares (the p2p payloads and the codecs' plain case), below both.
+//! Little-endian payloads: the `f32` helpers every decoder of plain values
+//! shares (the p2p payloads and the codecs' plain case) and the `u64` word
+//! conversions of the all-gather (the p2p ring and the compressed average),
+//! below all of them.
 
 /// `f32` exponent bits: all ones means infinity or NaN.
 pub(crate) const EXP: u32 = 0x7f80_0000;
@@ -19,4 +21,18 @@ pub fn add_bytes(dst: &mut [f32], payload: &[u8]) {
     for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
         *d += f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
     }
+}
+
+/// `values` as little-endian bytes.
+pub(crate) fn u64_to_bytes(values: &[u64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Little-endian `u64` words of `bytes` (a trailing partial word is left
+/// out).
+pub(crate) fn bytes_to_u64(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|w| u64::from_le_bytes(w.try_into().expect("chunks of 8")))
+        .collect()
 }

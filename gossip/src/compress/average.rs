@@ -32,7 +32,7 @@ fn from_words(words: &[u64], len: usize) -> Result<Vec<u8>, String> {
             len.div_ceil(8)
         ));
     }
-    let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut bytes = crate::le::u64_to_bytes(words);
     if bytes[len..].iter().any(|b| *b != 0) {
         return Err("nonzero padding after the payload".into());
     }

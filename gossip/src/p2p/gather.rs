@@ -13,19 +13,8 @@ use std::time::Instant;
 use super::allreduce::Ring;
 use super::state::ReduceMsg;
 use super::wire::{ALL_REDUCE_PROTOCOL, Header, Kind, Reject, checksum};
+pub(crate) use crate::le::{bytes_to_u64, u64_to_bytes};
 use crate::{CommError, Rank};
-
-/// `values` as little-endian bytes.
-pub(crate) fn u64_to_bytes(values: &[u64]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-pub(super) fn bytes_to_u64(bytes: &[u8]) -> Vec<u64> {
-    bytes
-        .chunks_exact(8)
-        .map(|w| u64::from_le_bytes(w.try_into().expect("chunks of 8")))
-        .collect()
-}
 
 impl Ring<'_> {
     /// Every rank's `values` in rank order.
