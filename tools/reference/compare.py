@@ -25,11 +25,11 @@ def main():
     if not steps:
         print(f"{a_dir}: no step-N.pt files", file=sys.stderr)
         return 2
-    print(f"{'step':>6} {'max rel':>10}")
     missing = [s for s in steps if not os.path.exists(os.path.join(b_dir, f"step-{s}.pt"))]
     if missing:
         print(f"{b_dir}: no step-N.pt for steps {missing} that {a_dir} has", file=sys.stderr)
         return 2
+    print(f"{'step':>6} {'max rel':>10}")
     for step in steps:
         a = torch.load(os.path.join(a_dir, f"step-{step}.pt"))
         b = torch.load(os.path.join(b_dir, f"step-{step}.pt"))
