@@ -163,13 +163,30 @@ fn lanes_go_to_the_graph_neighbours_only() {
         (r, c.lane_connections())
     });
     shutdown_all(comms);
+    // Each end dials the view's lane budget over its lane set (the graph's
+    // neighbours and the ring's), at most the configured 4 per peer: a
+    // function of the view, the same whichever end offered first.
+    let per_peer = |r: usize| {
+        let mut set = neighbours(r, M);
+        set.extend([(r + 1) % M, (r + M - 1) % M]);
+        set.sort_unstable();
+        set.dedup();
+        set.retain(|p| *p != r);
+        (slowmo_gossip::p2p::lane::LANE_CONNECTION_BUDGET / set.len()).clamp(1, 4)
+    };
     for (r, lanes) in out {
         let mut allowed = neighbours(r, M);
         allowed.extend([(r + 1) % M, (r + M - 1) % M, (r + M / 2) % M]);
-        for (peer, _) in &lanes {
+        for (peer, n) in &lanes {
             assert!(
                 allowed.contains(peer),
                 "rank {r} has a lane to rank {peer}, no neighbour"
+            );
+            assert!(
+                *n <= per_peer(r) + per_peer(*peer),
+                "rank {r}: {n} connections to rank {peer}, where the two ends dial {} and {}",
+                per_peer(r),
+                per_peer(*peer)
             );
         }
         assert!(lanes.len() <= allowed.len(), "rank {r}: {lanes:?}");

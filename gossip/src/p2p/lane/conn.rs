@@ -104,7 +104,7 @@ pub(crate) async fn open(
 ) {
     *lock(&session.peer_addrs) = addrs.clone();
     let mut writers = Vec::new();
-    for index in 0..lanes.per_peer.load(Ordering::Relaxed) as u16 {
+    for index in 0..session.per_peer as u16 {
         match dial(&session, &addrs, index).await {
             Ok(stream) => {
                 let (tx, rx) = mpsc::channel(WRITER_QUEUE);

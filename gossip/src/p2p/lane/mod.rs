@@ -76,6 +76,8 @@ pub(crate) struct Session {
     pub view: u64,
     pub keys: LaneKeys,
     pub mode: DataLane,
+    /// Connections we dial ([`Lanes::per_peer_in`] of the view).
+    pub per_peer: usize,
     /// Our connections' writers, once dialed.
     writers: Mutex<Vec<mpsc::Sender<Job>>>,
     ready: Notify,
@@ -120,9 +122,6 @@ pub(crate) struct Lanes {
     control: libp2p_stream::Control,
     /// Offers of ours under way (one per peer and view).
     offering: Mutex<std::collections::HashSet<(PeerId, u64)>>,
-    /// Connections per direction to each peer of the current view: the
-    /// configured number, fewer when the view's lanes go to many peers.
-    per_peer: AtomicUsize,
 }
 
 /// Lane connections one node dials in one view, over all its peers: with
@@ -185,7 +184,6 @@ impl Lanes {
             on_loss: std::sync::OnceLock::new(),
             control: control.clone(),
             offering: Mutex::new(Default::default()),
-            per_peer: AtomicUsize::new(shared.cfg.lane_connections.clamp(1, MAX_CONNECTIONS)),
         });
         tokio::spawn(conn::accept_loop(shared.clone(), lanes.clone(), listener));
         offer::spawn_acceptor(shared, &lanes, control)?;
@@ -261,15 +259,25 @@ impl Lanes {
             return;
         };
         let local = shared.local.to_bytes();
-        let set = shared.cfg.lane_set(rank, view.members.len());
-        let per_peer = (LANE_CONNECTION_BUDGET / set.len().max(1)).clamp(1, self.connections);
-        self.per_peer.store(per_peer, Ordering::Relaxed);
-        for r in set {
+        for r in shared.cfg.lane_set(rank, view.members.len()) {
             let peer = view.members[r];
             if peer.to_bytes() > local {
                 self.offer(shared, peer, view.number);
             }
         }
+    }
+
+    /// Connections per direction we dial to each peer in `view`: the
+    /// configured number, fewer when the view's lanes go to many peers.
+    /// A function of the view, not of the moment: a session set up from
+    /// an offer that came before we connected the view's lanes dials the
+    /// same number as one we offered.
+    pub(crate) fn per_peer_in(&self, shared: &Shared, view: &View) -> usize {
+        let set = view
+            .rank_of(&shared.local)
+            .map(|rank| shared.cfg.lane_set(rank, view.members.len()).len())
+            .unwrap_or(1);
+        (LANE_CONNECTION_BUDGET / set.max(1)).clamp(1, self.connections)
     }
 
     /// Offers a lane for `view` to `peer` (in the background), unless one
@@ -368,6 +376,7 @@ impl Session {
         view: u64,
         keys: LaneKeys,
         mode: DataLane,
+        per_peer: usize,
         shared: &Arc<Shared>,
     ) -> Arc<Self> {
         let (forward, mut rx) = mpsc::unbounded_channel::<ReduceMsg>();
@@ -388,6 +397,7 @@ impl Session {
             view,
             keys,
             mode,
+            per_peer,
             writers: Mutex::new(Vec::new()),
             ready: Notify::new(),
             accepted: Mutex::new(Vec::new()),

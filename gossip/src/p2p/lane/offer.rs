@@ -156,10 +156,11 @@ async fn offer_once(
     }
     let theirs = fixed::<CONTRIBUTION>(&answer.contribution, "key contribution")?;
     let keys = LaneKeys::derive(&id, &shared.local, &ours, &peer, &theirs);
-    if superseded_view(shared, view) {
-        return Err(format!("view {view} is over"));
-    }
-    let session = Session::new(id, peer, view, keys, lanes.mode, shared);
+    let per_peer = match shared.view.borrow().as_ref() {
+        Some(v) if v.number == view => lanes.per_peer_in(shared, v),
+        _ => return Err(format!("view {view} is over")),
+    };
+    let session = Session::new(id, peer, view, keys, lanes.mode, per_peer, shared);
     lanes.register(session.clone());
     tokio::spawn(conn::open(
         shared.clone(),
@@ -259,27 +260,31 @@ async fn take(
                 offer.mode, lanes.mode
             ));
         }
-        Ok(())
+        Ok(view)
     }
     .await;
-    if let Err(why) = refusal {
-        if why == LOWER_OFFERS {
-            lanes.offer(shared, peer, offer.view);
+    let view = match refusal {
+        Ok(view) => view,
+        Err(why) => {
+            if why == LOWER_OFFERS {
+                lanes.offer(shared, peer, offer.view);
+            }
+            let answer = Answer {
+                refusal: why.clone(),
+                contribution: Vec::new(),
+                addrs: Vec::new(),
+            };
+            let _ = write_msg(&mut s, &answer).await;
+            let _ = s.close().await;
+            return Err(why);
         }
-        let answer = Answer {
-            refusal: why.clone(),
-            contribution: Vec::new(),
-            addrs: Vec::new(),
-        };
-        let _ = write_msg(&mut s, &answer).await;
-        let _ = s.close().await;
-        return Err(why);
-    }
+    };
     let id = fixed::<SESSION_ID>(&offer.session, "session id")?;
     let theirs = fixed::<CONTRIBUTION>(&offer.contribution, "key contribution")?;
     let ours: [u8; CONTRIBUTION] = random()?;
     let keys = LaneKeys::derive(&id, &shared.local, &ours, &peer, &theirs);
-    let session = Session::new(id, peer, offer.view, keys, lanes.mode, shared);
+    let per_peer = lanes.per_peer_in(shared, &view);
+    let session = Session::new(id, peer, offer.view, keys, lanes.mode, per_peer, shared);
     lanes.register(session.clone());
     let answer = Answer {
         refusal: String::new(),
