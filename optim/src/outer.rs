@@ -310,6 +310,21 @@ impl OuterLoop {
         Ok(())
     }
 
+    /// After a membership change, background gossip: every member starts
+    /// the new view's rounds at the count of the most advanced one. Rounds
+    /// run at each worker's own pace, so members returning to their
+    /// recovery points hold different counts, and a round's shares must be
+    /// sent by the members that expect them (the graph of round `r` names
+    /// them): a member that began round 160 would otherwise wait for ever
+    /// on a peer that went on from 165. Collective; nothing without
+    /// background gossip (the rounds follow the steps there).
+    pub fn align_rounds<E: Exchange>(&mut self, ex: &mut E) -> Result<(), E::Error> {
+        if self.alg.background_gossip && self.alg.base.uses_push_sum() {
+            self.rounds = ex.max_rounds(self.rounds)?;
+        }
+        Ok(())
+    }
+
     /// A copy of everything the loop holds.
     pub fn state(&self) -> LoopState {
         LoopState {

@@ -18,8 +18,9 @@ use crate::io::checkpoint::{Checkpoint, Identity};
 
 /// Barriers kept: members of a view are at most one barrier apart when a
 /// change begins (a barrier completes nowhere before every member entered
-/// it); the noaverage variant without a barrier collective may drift a
-/// little further.
+/// it); synchronous noaverage gossip may drift a little further. With
+/// background gossip and no exact average each member returns to its own
+/// newest barrier, however far apart they are.
 const RECOVERY_POINTS: usize = 4;
 
 impl Worker<'_> {
@@ -101,16 +102,26 @@ impl Worker<'_> {
         let at_step = self.outer.steps();
         match comm.change_view(self.newest_round())? {
             ViewChange::Member(view) => {
+                // Background gossip without exact averages: nothing holds
+                // the members near one barrier (a slow node falls many
+                // behind), and nothing needs them there: each returns to
+                // its own newest barrier, and the average after the change
+                // equalises the parameters.
+                let target = if self.own_barrier() {
+                    self.newest_round()
+                } else {
+                    view.rollback_to
+                };
                 let point = self
                     .points
                     .iter()
-                    .find(|p| p.outer_round == view.rollback_to)
+                    .find(|p| p.outer_round == target)
                     .cloned()
                     .ok_or_else(|| {
                         TrainError::Resume(format!(
                             "the view returns to outer iteration {}, which this worker no longer \
                              holds (it keeps {:?})",
-                            view.rollback_to,
+                            target,
                             self.points
                                 .iter()
                                 .map(|p| p.outer_round)
@@ -206,16 +217,26 @@ impl Worker<'_> {
         Ok(())
     }
 
+    /// Whether a view change returns this worker to its own newest barrier
+    /// rather than the view's common one: background gossip without exact
+    /// averages, where members drift apart by any number of barriers.
+    fn own_barrier(&self) -> bool {
+        let alg = self.outer.algorithm();
+        alg.background_gossip && !alg.slowmo.average
+    }
+
     /// Every member, old and new, after a change: the noaverage variant
     /// re-normalizes the weights over the live members (mass that died with
     /// a peer, or was in flight, is gone); the barrier states of the other
-    /// variants are already equal. Then the new view's first recovery point.
+    /// variants are already equal. Background gossip starts the new view's
+    /// rounds at one count. Then the new view's first recovery point.
     pub(super) fn after_change(&mut self, comm: &mut dyn Communicator) -> Result<(), TrainError> {
+        let topology = self.topology.clone();
+        let mut net = CommExchange::new(comm, &*topology, false);
         if !self.outer.algorithm().slowmo.average && self.push_sum {
-            let topology = self.topology.clone();
-            let mut net = CommExchange::new(comm, &*topology, false);
             self.outer.average_now(&mut net)?;
         }
+        self.outer.align_rounds(&mut net)?;
         self.points.clear();
         self.record_point();
         Ok(())

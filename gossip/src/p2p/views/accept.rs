@@ -118,6 +118,18 @@ fn on_view_msg(
             if r.view < ours {
                 return Ok(None); // a change we are already past
             }
+            if view.is_none() {
+                // Still joining: the members of a first view we have not
+                // settled yet may go on without us (background gossip
+                // waits for nobody) and change it. Kept for when we
+                // install it, never held against the sender.
+                lock(&board.0)
+                    .reports
+                    .entry(r.view)
+                    .or_default()
+                    .insert(peer, r);
+                return Ok(None);
+            }
             if r.view == ours && !member_of(&view) {
                 return Err(format!("report about view {ours} from a non-member"));
             }
