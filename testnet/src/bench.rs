@@ -162,10 +162,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             metrics_base_port: None,
             no_report: true,
             faults: None,
-            min_nodes: None,
-            checkpoints: false,
-            checkpoint_every: None,
-            checkpoint_keep: None,
+            run: Default::default(),
             resume: false,
         };
         launch(&local).with_context(|| format!("the {label} run"))?;

@@ -106,19 +106,8 @@ pub struct ComposeArgs {
     /// Seconds a peer may stay silent.
     #[arg(long, default_value_t = 60)]
     pub peer_timeout: u64,
-    /// Passed to every node: the fewest members the run trains with.
-    #[arg(long)]
-    pub min_nodes: Option<usize>,
-    /// Every node writes checkpoints into /data/checkpoints of its volume
-    /// (implied by the other checkpoint flags).
-    #[arg(long)]
-    pub checkpoints: bool,
-    /// Outer iterations between checkpoints [node default: 1].
-    #[arg(long, value_name = "N")]
-    pub checkpoint_every: Option<u64>,
-    /// Checkpoints each node keeps [node default: 3].
-    #[arg(long, value_name = "K")]
-    pub checkpoint_keep: Option<u64>,
+    #[command(flatten)]
+    pub run: crate::node_line::NodeRunFlags,
     /// RUST_LOG of the nodes.
     #[arg(long, default_value = "info")]
     pub log: String,
@@ -245,7 +234,7 @@ impl TestnetSpec {
             }
             None => None,
         };
-        if let Some(m) = args.min_nodes
+        if let Some(m) = args.run.min_nodes
             && (m == 0 || m > args.nodes)
         {
             return Err(ComposeError::MinNodes {
@@ -274,12 +263,8 @@ impl TestnetSpec {
             shapes,
             join_timeout: args.join_timeout,
             peer_timeout: args.peer_timeout,
-            min_nodes: args.min_nodes,
-            checkpoints: CheckpointFlags::wanted(
-                args.checkpoints,
-                args.checkpoint_every,
-                args.checkpoint_keep,
-            ),
+            min_nodes: args.run.min_nodes,
+            checkpoints: args.run.checkpoint_flags(false),
             log: args.log.clone(),
             node_args: args.node_args.clone(),
         })
@@ -507,10 +492,7 @@ mod tests {
             host_cpus: Some(2.0),
             join_timeout: 60,
             peer_timeout: 45,
-            min_nodes: None,
-            checkpoints: false,
-            checkpoint_every: None,
-            checkpoint_keep: None,
+            run: Default::default(),
             log: "info".into(),
             output: None,
             metrics_port: None,

@@ -21,6 +21,38 @@ pub fn gate_dir(data_dir: &std::path::Path) -> PathBuf {
     data_dir.join("gate")
 }
 
+/// The node flags a testnet passes to every node, declared once for
+/// `slowmo-testnet local` and `slowmo-testnet compose`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NodeRunFlags {
+    /// Passed to every node: the fewest members the run trains with.
+    #[arg(long)]
+    pub min_nodes: Option<usize>,
+    /// Every node writes checkpoints into `checkpoints` of its folder
+    /// (node-N/ locally, the /data volume under compose; implied by the
+    /// other checkpoint flags).
+    #[arg(long)]
+    pub checkpoints: bool,
+    /// Outer iterations between checkpoints [node default: 1].
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<u64>,
+    /// Checkpoints each node keeps [node default: 3].
+    #[arg(long, value_name = "K")]
+    pub checkpoint_keep: Option<u64>,
+}
+
+impl NodeRunFlags {
+    /// The nodes' checkpoint settings: on when asked (or `also_on`, a
+    /// resume) or implied by either value.
+    pub fn checkpoint_flags(&self, also_on: bool) -> Option<CheckpointFlags> {
+        CheckpointFlags::wanted(
+            self.checkpoints || also_on,
+            self.checkpoint_every,
+            self.checkpoint_keep,
+        )
+    }
+}
+
 /// Checkpoints a node writes into `checkpoints` of its data folder.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CheckpointFlags {

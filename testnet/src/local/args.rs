@@ -71,19 +71,8 @@ pub struct LocalArgs {
     /// holding such lines.
     #[arg(long, value_name = "SCRIPT")]
     pub faults: Option<String>,
-    /// Passed to every node: the fewest members the run trains with.
-    #[arg(long)]
-    pub min_nodes: Option<usize>,
-    /// Every node writes checkpoints into node-N/checkpoints (implied by the
-    /// other checkpoint flags).
-    #[arg(long)]
-    pub checkpoints: bool,
-    /// Outer iterations between checkpoints [node default: 1].
-    #[arg(long, value_name = "N")]
-    pub checkpoint_every: Option<u64>,
-    /// Checkpoints each node keeps [node default: 3].
-    #[arg(long, value_name = "K")]
-    pub checkpoint_keep: Option<u64>,
+    #[command(flatten)]
+    pub run: crate::node_line::NodeRunFlags,
     /// Continue the earlier run in --out from its checkpoints: same run id,
     /// identities and folders; logs are appended to, earlier metrics kept as
     /// metrics.K.jsonl.

@@ -13,7 +13,7 @@ use super::args::{LocalArgs, TestnetRecord, default_out, free_port, multiaddr, s
 use super::nodes::{Nodes, Slot};
 use crate::events::EventLog;
 use crate::faults::{FaultAction, ScriptedFault, Trigger};
-use crate::node_line::{CheckpointFlags, NodeLine, node_name};
+use crate::node_line::{NodeLine, node_name};
 
 /// A run checked and its folder written, before any node starts.
 pub(super) struct Prepared {
@@ -55,7 +55,7 @@ impl Prepared {
         let slots = args.nodes + joins;
         config.check_local_nodes(slots, &slowmo_runspec::Resources::of_this_machine())?;
         let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
-        if let Some(m) = args.min_nodes
+        if let Some(m) = args.run.min_nodes
             && (m == 0 || m > args.nodes)
         {
             bail!(
@@ -154,12 +154,8 @@ impl Prepared {
                 .metrics_ports
                 .as_ref()
                 .map(|ports| format!("127.0.0.1:{}", ports[i])),
-            min_nodes: args.min_nodes,
-            checkpoints: CheckpointFlags::wanted(
-                args.checkpoints || args.resume,
-                args.checkpoint_every,
-                args.checkpoint_keep,
-            ),
+            min_nodes: args.run.min_nodes,
+            checkpoints: args.run.checkpoint_flags(args.resume),
             resume: args.resume,
             hold_at: self.hold_at.clone(),
             extra: args.node_args.clone(),
