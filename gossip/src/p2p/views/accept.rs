@@ -118,19 +118,13 @@ fn on_view_msg(
             if r.view < ours {
                 return Ok(None); // a change we are already past
             }
-            if view.is_none() {
-                // Still joining: the members of a first view we have not
-                // settled yet may go on without us (background gossip
-                // waits for nobody) and change it. Kept for when we
-                // install it, never held against the sender.
-                lock(&board.0)
-                    .reports
-                    .entry(r.view)
-                    .or_default()
-                    .insert(peer, r);
-                return Ok(None);
-            }
-            if r.view == ours && !member_of(&view) {
+            // A report on the view we are in. A node still joining has
+            // none: the members of a first view it has not settled yet may
+            // go on without it (background gossip waits for nobody) and
+            // change it; their reports are kept for when it installs the
+            // view, never held against the sender.
+            let current = view.is_some() && r.view == ours;
+            if current && !member_of(&view) {
                 return Err(format!("report about view {ours} from a non-member"));
             }
             tracing::debug!(%peer, view = r.view, "report from {peer} on view {}", r.view);
@@ -149,7 +143,7 @@ fn on_view_msg(
                 }
             }
             drop(b);
-            if r.view == ours {
+            if current {
                 heed(shared, &peer, &r);
             }
             Ok(None)
