@@ -309,6 +309,15 @@ pub trait Communicator: Send {
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError>;
     /// Wait until every rank reached the barrier.
     fn barrier(&mut self) -> Result<(), CommError>;
+    /// Called once by every member of the view a run starts with, before
+    /// its first step (not by a worker admitted later: its admission is
+    /// the synchronisation). Returns when every member has installed the
+    /// view, so that no member trains ahead of one still joining; with
+    /// background gossip nothing else would hold them together. In-process
+    /// workers start together already.
+    fn start_together(&mut self) -> Result<(), CommError> {
+        Ok(())
+    }
     /// Every rank's `values`, exactly, in rank order (a collective). The
     /// lengths may differ: the typed collectives below check them.
     fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError>;

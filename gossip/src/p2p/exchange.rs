@@ -245,6 +245,10 @@ impl Communicator for P2pComm {
         self.all_reduce(&mut [], &mut 0.0, "barrier")
     }
 
+    fn start_together(&mut self) -> Result<(), CommError> {
+        self.barrier()
+    }
+
     fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError> {
         let gathered = self.on_ring("all-gather", |ring| ring.gather(values))?;
         Ok(gathered.unwrap_or_else(|| vec![values.to_vec()]))

@@ -187,6 +187,7 @@ impl PendingJoin {
         let (push_links, reduce_links) = match rank {
             Some(_) => {
                 let _guard = rt.enter();
+                self.board.joined_before_install(&self.shared);
                 spawn_links(&self.shared, self.lanes.as_ref(), &self.control, &view)
             }
             None => (Vec::new(), Vec::new()),

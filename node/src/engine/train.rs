@@ -383,8 +383,19 @@ pub fn run_worker_keeping(
         } else {
             w.record_point();
         }
+        // A worker admitted later is synchronised by its admission.
+        let mut together = join;
         loop {
-            match w.train(comm) {
+            let attempt = if together {
+                w.train(comm)
+            } else {
+                // Failing, it changes the view, which synchronises too.
+                together = true;
+                comm.start_together()
+                    .map_err(TrainError::from)
+                    .and_then(|()| w.train(comm))
+            };
+            match attempt {
                 Ok(outcome) => return Ok(outcome),
                 Err(TrainError::Comm(e)) if e.needs_view_change() => {
                     tracing::warn!(

@@ -87,6 +87,32 @@ impl Board {
         }
     }
 
+    /// Our first view is installed: a member of it that asked to join
+    /// before (we had no view to check the request against) is a new
+    /// process behind that member's identity, since only a node the
+    /// started run left out asks. Without this the request was kept as a
+    /// joiner's, and a joiner already in the view is never admitted.
+    pub fn joined_before_install(&self, shared: &Shared) {
+        let Some(view) = shared.view.borrow().clone() else {
+            return;
+        };
+        let asked: Vec<PeerId> = {
+            let b = lock(&self.0);
+            b.joiners
+                .keys()
+                .filter(|p| view.rank_of(p).is_some() && !b.fresh.contains(p))
+                .copied()
+                .collect()
+        };
+        for peer in asked {
+            self.restarted(
+                shared,
+                &peer,
+                "it asked to join before we installed the view (restarted)",
+            );
+        }
+    }
+
     /// `peer` (a coordinator) stayed silent during a view change: the next
     /// member coordinates. (A timed-out data-plane wait suspects nobody: the
     /// peer waited for may itself wait on the one that is gone; whoever does
