@@ -434,14 +434,20 @@ impl Membership {
     /// Peers to greet now. A hello carries our verified members and our
     /// proposal, and its answer the peer's; members spread through the
     /// answers (a peer we learn of is dialed and greeted). So we greet a
-    /// connected peer not yet verified (again after [`RETRY`]), and a
-    /// verified one when our proposal changed since we last greeted it, or
-    /// (after [`RETRY`]) while its proposal still differs from ours. Greeting
-    /// everyone on every tick instead made a start of 96 nodes exchange
-    /// hundreds of MB of hellos a second and never settle.
+    /// connected peer not yet verified, and a verified one while we have no
+    /// proposal, again after [`RETRY`]; once we have one, agreement runs
+    /// through its first member, the coordinator: it greets every member
+    /// when its proposal changed and, after [`RETRY`], those whose proposal
+    /// still differs, and every other member greets only the coordinator
+    /// (again after [`RETRY`] until it says it started: it starts the view
+    /// and tells each member, see [`Membership::join`]). Greeting everyone on every tick made a start
+    /// of 96 nodes exchange hundreds of MB of hellos a second and never
+    /// settle; telling every member our proposal made it m^2 exchanges.
     pub(super) fn due(&self) -> Vec<PeerId> {
         let mut st = lock(&self.state);
         let cand = self.candidate(&st).ok().flatten();
+        let coordinator = cand.as_ref().and_then(|c| c.first()).cloned();
+        let me = self.local.to_string();
         let now = Instant::now();
         let mut out: Vec<PeerId> = st
             .connected
@@ -453,8 +459,17 @@ impl Membership {
                 if !st.verified.contains_key(p) {
                     return waited;
                 }
+                let Some(coordinator) = &coordinator else {
+                    return waited;
+                };
+                if *coordinator != me && *coordinator != p.to_string() {
+                    return false;
+                }
                 let told = last.is_some_and(|(_, sent)| *sent == cand);
-                !told || (waited && (cand.is_none() || st.proposals.get(p) != cand.as_ref()))
+                // Until the coordinator says it started, ask again.
+                let pending = st.proposals.get(p) != cand.as_ref()
+                    || (*coordinator != me && !st.started.contains_key(p));
+                !told || (waited && pending)
             })
             .copied()
             .collect();
@@ -506,6 +521,7 @@ impl Membership {
             match joined {
                 Joined::Member(view) => {
                     tracing::info!(view = view.number, members = ?view.names(), "joined the run: view {} with {} members", view.number, view.members.len());
+                    self.tell_started(&control, view);
                     self.shared.begin_view(view.number);
                     let _ = self.view_tx.send(Some(view.clone()));
                 }
@@ -524,6 +540,26 @@ impl Membership {
             });
         }
         result
+    }
+
+    /// The coordinator of a view it started tells every member that has not
+    /// said it started (a hello carries the view; the others greet only the
+    /// coordinator, and adopt the view from its hello).
+    fn tell_started(self: &Arc<Self>, control: &libp2p_stream::Control, view: &View) {
+        if view.members.first() != Some(&self.local) {
+            return;
+        }
+        let st = lock(&self.state);
+        let untold: Vec<PeerId> = view
+            .members
+            .iter()
+            .filter(|p| **p != self.local && !st.started.contains_key(p))
+            .copied()
+            .collect();
+        drop(st);
+        for peer in untold {
+            tokio::spawn(self.clone().greet(control.clone(), peer));
+        }
     }
 
     pub(super) fn timeout_error(&self, timeout: Duration) -> CommError {
