@@ -17,9 +17,12 @@
 //! Agreement: once `nodes` verified peers (self included) are known, a node
 //! proposes the first `nodes` of them in the policy's place order (peer ids
 //! when open, the allowlist's order, or a hash of run id and peer id for
-//! invitations); ranks follow that order. The view starts when every member
-//! of that list proposes the same list. A view that some member has already
-//! started is adopted as it is. Views are numbered; a later view may change
+//! invitations); ranks follow that order. The first member of that list
+//! coordinates: the others greet only it with their proposal, and when
+//! every member proposes the same list it starts the view and greets each
+//! member with it (a member that hears every proposal agree starts the same
+//! view itself). A view that some member has already started is adopted as
+//! it is. Views are numbered; a later view may change
 //! the members at a barrier, and no message format depends on the count.
 //!
 //! A duplicated identity (two processes with one key) is named: a
