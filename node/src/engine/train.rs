@@ -345,7 +345,9 @@ pub fn run_worker_keeping(
         outer = outer.with_compressed_average();
     }
     let batcher = Batcher::new(shard, batch_seed(config.seed, rank));
-    let eval_split = head(&dataset.test, sample_len, EVAL_SAMPLES);
+    // The test split itself when it is no longer (a copy would double it).
+    let eval_head = (dataset.test.len() > EVAL_SAMPLES)
+        .then(|| head(&dataset.test, sample_len, EVAL_SAMPLES));
     let mut w = Worker {
         place: Place {
             rank,
@@ -361,7 +363,7 @@ pub fn run_worker_keeping(
         batcher,
         losses: LossWindow::default(),
         grad,
-        eval_split,
+        eval_head,
         sample_len,
         push_sum,
         started,
@@ -489,7 +491,8 @@ impl Worker<'_> {
                 && step + 1 < config.steps
             {
                 let own_only = config.algorithm.background_gossip;
-                let eval = (&self.eval_split, sample_len);
+                let split = self.eval_head.as_ref().unwrap_or(&self.dataset.test);
+                let eval = (split, sample_len);
                 evaluate_into(
                     &mut record,
                     &mut net,

@@ -74,7 +74,9 @@ pub(super) struct Worker<'s> {
     pub(super) batcher: Batcher,
     pub(super) losses: LossWindow,
     pub(super) grad: Vec<f32>,
-    pub(super) eval_split: Split,
+    /// The first [`EVAL_SAMPLES`](super::train::EVAL_SAMPLES) test samples
+    /// evaluations use, when the test split holds more (else the split).
+    pub(super) eval_head: Option<Split>,
     pub(super) sample_len: usize,
     pub(super) push_sum: bool,
     pub(super) started: Instant,
