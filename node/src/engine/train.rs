@@ -346,8 +346,8 @@ pub fn run_worker_keeping(
     }
     let batcher = Batcher::new(shard, batch_seed(config.seed, rank));
     // The test split itself when it is no longer (a copy would double it).
-    let eval_head = (dataset.test.len() > EVAL_SAMPLES)
-        .then(|| head(&dataset.test, sample_len, EVAL_SAMPLES));
+    let eval_head =
+        (dataset.test.len() > EVAL_SAMPLES).then(|| head(&dataset.test, sample_len, EVAL_SAMPLES));
     let mut w = Worker {
         place: Place {
             rank,
