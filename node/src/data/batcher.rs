@@ -104,7 +104,7 @@ impl Batcher {
                 self.epoch += 1;
                 self.reshuffle();
             }
-            images.extend_from_slice(&split.images[i * sample_len..(i + 1) * sample_len]);
+            split.image_into(i, sample_len, images);
             labels.push(split.labels[i]);
         }
     }
@@ -116,7 +116,7 @@ mod tests {
 
     fn split(n: usize) -> Split {
         Split {
-            images: (0..n * 2).map(|v| v as f32).collect(),
+            images: (0..n * 2).map(|v| v as f32).collect::<Vec<_>>().into(),
             labels: (0..n as u32).collect(),
         }
     }

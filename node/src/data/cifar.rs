@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{DataError, Dataset, DatasetKind, Split, find_file, read_maybe_gz};
+use super::{DataError, Dataset, DatasetKind, Pixels, Split, find_file, read_maybe_gz};
 
 /// Image side length.
 pub const SIDE: usize = 32;
@@ -25,7 +25,8 @@ const CLASSES: usize = 10;
 /// Upper bound on one decompressed batch file (a real one is 30 MB).
 const MAX_FILE_BYTES: u64 = 1 << 30;
 
-/// Appends the records of one batch file to `split`, normalised.
+/// Appends the records of one batch file to `split` (made by
+/// [`empty_split`]).
 pub fn read_batch(path: &Path, split: &mut Split) -> Result<(), DataError> {
     let bytes = read_maybe_gz(path, MAX_FILE_BYTES)?;
     if bytes.is_empty() || bytes.len() % RECORD != 0 {
@@ -37,8 +38,6 @@ pub fn read_batch(path: &Path, split: &mut Split) -> Result<(), DataError> {
             got: bytes.len() as u64,
         });
     }
-    let plane = SIDE * SIDE;
-    split.images.reserve(bytes.len() / RECORD * (RECORD - 1));
     for (index, record) in bytes.chunks_exact(RECORD).enumerate() {
         let label = u32::from(record[0]);
         if label as usize >= CLASSES {
@@ -50,15 +49,24 @@ pub fn read_batch(path: &Path, split: &mut Split) -> Result<(), DataError> {
             });
         }
         split.labels.push(label);
-        for (c, pixels) in record[1..].chunks_exact(plane).enumerate() {
-            let scale = 1.0 / (255.0 * STD[c]);
-            let shift = MEAN[c] / STD[c];
-            split
-                .images
-                .extend(pixels.iter().map(|&p| f32::from(p) * scale - shift));
-        }
+        split.images.extend_bytes(&record[1..]);
     }
     Ok(())
+}
+
+/// An empty split whose pixels are CIFAR bytes, normalised per channel.
+pub fn empty_split() -> Split {
+    let tables = (0..CHANNELS)
+        .map(|c| {
+            let scale = 1.0 / (255.0 * STD[c]);
+            let shift = MEAN[c] / STD[c];
+            Pixels::table(|p| f32::from(p) * scale - shift)
+        })
+        .collect();
+    Split {
+        images: Pixels::bytes(tables, SIDE * SIDE),
+        labels: Vec::new(),
+    }
 }
 
 /// Loads the five training batches and the test batch from `dir` (or from
@@ -74,14 +82,14 @@ pub fn load_dir(dir: &Path) -> Result<Dataset, DataError> {
         dir.to_path_buf()
     };
     let kind = DatasetKind::Cifar10;
-    let mut train = Split::default();
+    let mut train = empty_split();
     for i in 1..=5 {
         read_batch(
             &find_file(kind, &dir, &format!("data_batch_{i}.bin"))?,
             &mut train,
         )?;
     }
-    let mut test = Split::default();
+    let mut test = empty_split();
     read_batch(&find_file(kind, &dir, "test_batch.bin")?, &mut test)?;
     Ok(Dataset {
         name: kind.to_string(),

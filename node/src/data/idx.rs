@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{DataError, Dataset, DatasetKind, Split, find_file, read_maybe_gz};
+use super::{DataError, Dataset, DatasetKind, Pixels, Split, find_file, read_maybe_gz};
 
 /// Magic number of an unsigned-byte, 3-dimensional IDX file (images).
 pub const IMAGES_MAGIC: u32 = 0x0000_0803;
@@ -154,14 +154,11 @@ pub fn read_split(
     }
     let scale = 1.0 / (255.0 * spec.std);
     let shift = spec.mean / spec.std;
-    let images_f32 = images
-        .pixels
-        .iter()
-        .map(|&p| f32::from(p) * scale - shift)
-        .collect();
+    let mut pixels = Pixels::bytes(vec![Pixels::table(|p| f32::from(p) * scale - shift)], 1);
+    pixels.extend_bytes(&images.pixels);
     Ok((
         Split {
-            images: images_f32,
+            images: pixels,
             labels,
         },
         images.rows,
@@ -269,9 +266,10 @@ mod tests {
         assert_eq!(a.train.images.len(), 5 * 12);
         // pixel 1 of the train set is 7: (7/255 - mean) / std
         let want = (7.0 / 255.0 - MNIST.mean) / MNIST.std;
-        assert!((a.train.images[1] - want).abs() < 1e-6);
+        assert!((a.train.images.to_vec()[1] - want).abs() < 1e-6);
         let white = (1.0 - MNIST.mean) / MNIST.std;
-        assert!(a.test.images.iter().all(|&x| (x - white).abs() < 1e-5));
+        let test = a.test.images.to_vec();
+        assert!(test.iter().all(|&x| (x - white).abs() < 1e-5));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Datasets: loading, partitioning across workers, and mini-batching.
 //!
-//! Every dataset is held in memory as normalised `f32` images in NCHW order
-//! (one flat vector per split) plus `u32` labels. The loop only ever sees a
+//! Every dataset is held in memory as normalised images in NCHW order (one
+//! flat store per split: the bytes of image files with a table per channel,
+//! f32 values for synthetic data, see [`Pixels`]) plus `u32` labels. The loop only ever sees a
 //! [`Split`] and index shards of it, so a worker's data is a list of indices
 //! ([`shard_indices`]) walked by a seeded [`Batcher`].
 //!
@@ -21,6 +22,7 @@ pub mod batcher;
 pub mod cifar;
 pub mod idx;
 pub mod partition;
+pub mod pixels;
 pub mod synthetic;
 pub mod text;
 
@@ -28,6 +30,7 @@ use std::path::{Path, PathBuf};
 
 pub use batcher::Batcher;
 pub use partition::{Partition, shard_indices};
+pub use pixels::Pixels;
 
 /// Where Debian's `dataset-fashion-mnist` package puts the four gzip IDX files.
 pub const DEBIAN_FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
@@ -38,7 +41,7 @@ pub use slowmo_runspec::DatasetKind;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Split {
     /// `len() * channels * height * width` values, sample after sample.
-    pub images: Vec<f32>,
+    pub images: Pixels,
     /// One class index per sample.
     pub labels: Vec<u32>,
 }
@@ -63,9 +66,18 @@ impl Split {
     }
 
     /// The pixels of sample `i`, or `None` when `i` is out of range.
-    pub fn image(&self, i: usize) -> Option<&[f32]> {
+    pub fn image(&self, i: usize) -> Option<std::borrow::Cow<'_, [f32]>> {
         let n = self.sample_len();
-        self.images.get(i * n..(i + 1) * n)
+        self.images.get(i * n, (i + 1) * n)
+    }
+
+    /// Appends the pixels of sample `i` to `out`.
+    ///
+    /// # Panics
+    /// When `i` is out of range.
+    pub fn image_into(&self, i: usize, sample_len: usize, out: &mut Vec<f32>) {
+        self.images
+            .extend_into(i * sample_len, (i + 1) * sample_len, out);
     }
 }
 
@@ -283,12 +295,12 @@ mod tests {
     #[test]
     fn split_geometry() {
         let s = Split {
-            images: (0..12).map(|x| x as f32).collect(),
+            images: (0..12).map(|x| x as f32).collect::<Vec<_>>().into(),
             labels: vec![0, 1, 2],
         };
         assert_eq!(s.len(), 3);
         assert_eq!(s.sample_len(), 4);
-        assert_eq!(s.image(2).unwrap(), &[8.0, 9.0, 10.0, 11.0]);
+        assert_eq!(s.image(2).unwrap().as_ref(), &[8.0, 9.0, 10.0, 11.0]);
         assert!(s.image(3).is_none());
         assert_eq!(Split::default().sample_len(), 0);
     }
@@ -323,11 +335,10 @@ mod tests {
         let d = load(DatasetKind::FashionMnist, None, 0).unwrap();
         assert_eq!((d.train.len(), d.test.len()), (60_000, 10_000));
         assert_eq!((d.channels, d.height, d.width, d.classes), (1, 28, 28, 10));
-        let n = d.train.images.len() as f64;
-        let mean = d.train.images.iter().map(|&x| x as f64).sum::<f64>() / n;
-        let var = d
-            .train
-            .images
+        let values = d.train.images.to_vec();
+        let n = values.len() as f64;
+        let mean = values.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let var = values
             .iter()
             .map(|&x| (x as f64 - mean).powi(2))
             .sum::<f64>()

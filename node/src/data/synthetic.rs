@@ -102,7 +102,13 @@ struct Structure {
     distractors: Vec<Vec<f32>>,
 }
 
-fn sample_split(cfg: &SyntheticConfig, st: &Structure, n: usize, rng: &mut Rng) -> Split {
+/// `n` samples: their pixels and labels.
+fn sample_split(
+    cfg: &SyntheticConfig,
+    st: &Structure,
+    n: usize,
+    rng: &mut Rng,
+) -> (Vec<f32>, Vec<u32>) {
     let side = cfg.side;
     let shifts = 2 * cfg.max_shift as u64 + 1;
     let mut images = Vec::with_capacity(n * side * side);
@@ -132,7 +138,7 @@ fn sample_split(cfg: &SyntheticConfig, st: &Structure, n: usize, rng: &mut Rng) 
         };
         labels.push(label as u32);
     }
-    Split { images, labels }
+    (images, labels)
 }
 
 /// Generates the dataset for `seed`; the same seed always gives the same data.
@@ -151,25 +157,32 @@ pub fn generate(cfg: &SyntheticConfig, seed: u64) -> Dataset {
         prototypes,
         distractors,
     };
-    let mut train = sample_split(cfg, &st, cfg.train, &mut Rng::derive(seed, TRAIN_STREAM));
-    let mut test = sample_split(cfg, &st, cfg.test, &mut Rng::derive(seed, TEST_STREAM));
+    let (mut train, train_labels) =
+        sample_split(cfg, &st, cfg.train, &mut Rng::derive(seed, TRAIN_STREAM));
+    let (mut test, test_labels) =
+        sample_split(cfg, &st, cfg.test, &mut Rng::derive(seed, TEST_STREAM));
     // standardise with the training statistics, like the real datasets
-    let n = train.images.len().max(1) as f64;
-    let mean = train.images.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let n = train.len().max(1) as f64;
+    let mean = train.iter().map(|&v| v as f64).sum::<f64>() / n;
     let var = train
-        .images
         .iter()
         .map(|&v| (v as f64 - mean).powi(2))
         .sum::<f64>()
         / n;
     let (mean, inv_std) = (mean as f32, (1.0 / var.sqrt().max(1e-12)) as f32);
-    for v in train.images.iter_mut().chain(test.images.iter_mut()) {
+    for v in train.iter_mut().chain(test.iter_mut()) {
         *v = (*v - mean) * inv_std;
     }
     Dataset {
         name: DatasetKind::Synthetic.to_string(),
-        train,
-        test,
+        train: Split {
+            images: train.into(),
+            labels: train_labels,
+        },
+        test: Split {
+            images: test.into(),
+            labels: test_labels,
+        },
         channels: 1,
         height: cfg.side,
         width: cfg.side,
@@ -196,7 +209,7 @@ mod tests {
             counts.iter().all(|&c| (1100..1300).contains(&c)),
             "{counts:?}"
         );
-        assert!(d.train.images.iter().all(|v| v.is_finite()));
+        assert!(d.train.images.to_vec().iter().all(|v| v.is_finite()));
     }
 
     #[test]
@@ -211,7 +224,7 @@ mod tests {
         let b = generate(&cfg, 6);
         assert_ne!(a.train.images, b.train.images);
         // the test set is not a copy of the training set's start
-        assert_ne!(a.test.images[..784], a.train.images[..784]);
+        assert_ne!(a.test.images.get(0, 784), a.train.images.get(0, 784));
     }
 
     #[test]

@@ -21,7 +21,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{DataError, Dataset, Split};
+use super::{DataError, Dataset, Pixels, Split};
 
 /// Tokens of the byte-level vocabulary.
 pub const VOCAB: usize = 256;
@@ -66,11 +66,12 @@ pub fn load(path: &Path, context: usize) -> Result<Dataset, DataError> {
 /// tokens each, starting every `context` tokens.
 fn windows(tokens: &[u8], context: usize) -> Split {
     let n = (tokens.len() - 1) / context;
-    let mut images = Vec::with_capacity(n * (context + 1));
+    // A token is its byte: one byte per value, read as its number.
+    let mut images = Pixels::bytes(vec![Pixels::table(f32::from)], 1);
     let mut labels = Vec::with_capacity(n);
     for i in 0..n {
         let w = &tokens[i * context..=(i + 1) * context];
-        images.extend(w.iter().map(|&b| f32::from(b)));
+        images.extend_bytes(w);
         labels.push(u32::from(w[context]));
     }
     Split { images, labels }
@@ -142,7 +143,10 @@ mod tests {
         assert_eq!((d.channels, d.height, d.width, d.classes), (1, 1, 5, 256));
         // 20 held out (a tenth), 180 train: (180 - 1) / 4 = 44 windows
         assert_eq!(d.train.len(), 44);
-        assert_eq!(d.train.image(1).unwrap(), &[4.0, 5.0, 6.0, 7.0, 8.0]);
+        assert_eq!(
+            d.train.image(1).unwrap().as_ref(),
+            &[4.0, 5.0, 6.0, 7.0, 8.0]
+        );
         assert_eq!(d.train.labels[1], 8);
         assert_eq!(d.test.len(), 4);
         assert_eq!(d.test.image(0).unwrap()[0], 180.0);
@@ -156,8 +160,8 @@ mod tests {
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         std::os::unix::fs::symlink(dir.path().join("a.txt"), dir.path().join("c.txt")).unwrap();
         let d = load(dir.path(), 4).unwrap();
-        assert_eq!(d.train.image(0).unwrap(), &[1.0; 5]);
-        assert_eq!(d.test.image(0).unwrap(), &[2.0; 5]);
+        assert_eq!(d.train.image(0).unwrap().as_ref(), &[1.0; 5]);
+        assert_eq!(d.test.image(0).unwrap().as_ref(), &[2.0; 5]);
     }
 
     #[test]

@@ -126,7 +126,7 @@ fn mean_std(sum: f64, sum_sq: f64, n: f64) -> (f64, f64) {
 fn head(split: &Split, sample_len: usize, n: usize) -> Split {
     let n = n.min(split.len());
     Split {
-        images: split.images[..n * sample_len].to_vec(),
+        images: split.images.head(n * sample_len),
         labels: split.labels[..n].to_vec(),
     }
 }

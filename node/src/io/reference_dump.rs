@@ -46,7 +46,7 @@ pub fn batch_indices(
     // A split whose label of sample i is i, with no pixels: the batcher's
     // labels are then the indices it drew.
     let positions = Split {
-        images: Vec::new(),
+        images: Vec::new().into(),
         labels: (0..labels.len() as u32).collect(),
     };
     let (mut images, mut drawn) = (Vec::new(), Vec::new());
@@ -118,11 +118,10 @@ pub fn dump(config: &RunConfig, dir: &Path, quiet: bool) -> anyhow::Result<()> {
     let batches = batch_indices(config, &dataset.train.labels, dataset.classes)?;
     let used: BTreeSet<usize> = batches.iter().flatten().flatten().copied().collect();
     let used: Vec<usize> = used.into_iter().collect();
-    let images: Vec<f32> = used
-        .iter()
-        .flat_map(|&i| &dataset.train.images[i * sample_len..(i + 1) * sample_len])
-        .copied()
-        .collect();
+    let mut images = Vec::with_capacity(used.len() * sample_len);
+    for &i in &used {
+        dataset.train.image_into(i, sample_len, &mut images);
+    }
     let labels: Vec<i64> = used
         .iter()
         .map(|&i| i64::from(dataset.train.labels[i]))

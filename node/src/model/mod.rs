@@ -327,15 +327,11 @@ impl Model {
         }
     }
 
-    fn check_batch(&self, images: &[f32], labels: &[u32]) -> Result<(), ModelError> {
+    fn check_batch(&self, values: usize, labels: &[u32]) -> Result<(), ModelError> {
         if labels.is_empty() {
             return Err(ModelError::Empty("the batch"));
         }
-        Self::check_len(
-            "the image batch",
-            labels.len() * self.sample_len,
-            images.len(),
-        )?;
+        Self::check_len("the image batch", labels.len() * self.sample_len, values)?;
         match labels.iter().position(|&l| l as usize >= self.classes) {
             Some(index) => Err(ModelError::LabelOutOfRange {
                 index,
@@ -396,7 +392,7 @@ impl Model {
     ) -> Result<f32, ModelError> {
         Self::check_len("the parameter buffer", self.num_params, params.len())?;
         Self::check_len("the gradient buffer", self.num_params, grad.len())?;
-        self.check_batch(images, labels)?;
+        self.check_batch(images.len(), labels)?;
         let (x, y) = self.inputs(images, labels)?;
         match self.strategy {
             Strategy::PerLayer => {
@@ -450,7 +446,7 @@ impl Model {
                 "evaluation batch size must be >= 1".into(),
             ));
         }
-        self.check_batch(&split.images, &split.labels)?;
+        self.check_batch(split.images.len(), &split.labels)?;
         // the CNN's im2col buffer is 25 * channels floats per pixel per sample
         let batch = match self.kind {
             ModelKind::Cnn => batch.min(MAX_CNN_EVAL_CHUNK),
@@ -461,12 +457,12 @@ impl Model {
         };
         let tensors = self.constant_params(params)?;
         let (mut loss_sum, mut correct) = (0.0f64, 0u64);
-        for (imgs, labels) in split
-            .images
-            .chunks(batch * sample_len)
-            .zip(split.labels.chunks(batch))
-        {
-            let (x, y) = self.inputs(imgs, labels)?;
+        for (k, labels) in split.labels.chunks(batch).enumerate() {
+            let start = k * batch * sample_len;
+            let imgs = (split.images)
+                .get(start, start + labels.len() * sample_len)
+                .expect("the split's length was checked");
+            let (x, y) = self.inputs(&imgs, labels)?;
             let logits = self.arch.forward(&tensors, &x)?;
             let loss = candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()?;
             loss_sum += f64::from(loss) * labels.len() as f64;

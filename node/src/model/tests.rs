@@ -220,7 +220,7 @@ fn evaluate_matches_logits_and_handles_ragged_batches() {
     let params = model.init_params(1);
     let (images, labels) = batch(&model, 7, 2);
     let split = Split {
-        images: images.clone(),
+        images: images.clone().into(),
         labels: labels.clone(),
     };
     let logits = model.logits(&params, &images).unwrap();
@@ -281,7 +281,7 @@ fn bad_inputs_are_errors_not_panics() {
         "{err}"
     );
     let split = Split {
-        images: images.clone(),
+        images: images.clone().into(),
         labels: labels.clone(),
     };
     assert!(m.evaluate(&p, &split, 5, 4).is_err());

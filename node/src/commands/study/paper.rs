@@ -148,13 +148,15 @@ pub fn hold_out(dataset: &Dataset, n: usize, seed: u64) -> anyhow::Result<(Datas
     }
     let len = dataset.train.sample_len();
     let take = |keep: bool| {
-        let mut s = Split::default();
+        let (mut images, mut labels) = (Vec::new(), Vec::new());
         for i in (0..total).filter(|&i| held[i] != keep) {
-            s.images
-                .extend_from_slice(&dataset.train.images[i * len..(i + 1) * len]);
-            s.labels.push(dataset.train.labels[i]);
+            dataset.train.image_into(i, len, &mut images);
+            labels.push(dataset.train.labels[i]);
         }
-        s
+        Split {
+            images: images.into(),
+            labels,
+        }
     };
     let train = take(true);
     let validation = take(false);
