@@ -111,6 +111,9 @@ impl P2pComm {
             while lock(&listen).len() < wanted_listeners && Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+            if let Some(lanes) = &lanes {
+                membership.set_lane_addrs(lanes.announced());
+            }
             Ok::<_, CommError>((control, lanes))
         });
         let (control, lanes) = match bound {

@@ -386,6 +386,7 @@ fn gen_hello(rng: &mut Rng, hostile: bool, as_reply: bool) -> (Vec<u8>, usize) {
         settings: [("lr".to_string(), "0.01".to_string())].into(),
         admission: "open".into(),
         instance: rng.next_u64(),
+        lane: vec!["127.0.0.1:1".into()],
     };
     if hostile {
         let junk = rng.pick(&[

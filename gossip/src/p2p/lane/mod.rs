@@ -23,7 +23,7 @@
 //! view, round window and finiteness are checked as on the libp2p streams
 //! ([`super::inbound::check_header`]).
 
-mod alive;
+pub(crate) mod alive;
 pub(crate) mod conn;
 pub(crate) mod crypto;
 pub mod frame;
@@ -238,7 +238,7 @@ impl Lanes {
     }
 
     /// The addresses we announce in an offer.
-    fn announced(&self) -> Vec<String> {
+    pub(crate) fn announced(&self) -> Vec<String> {
         if !self.bound.is_unspecified() {
             return vec![SocketAddr::new(self.bound, self.port).to_string()];
         }

@@ -56,6 +56,8 @@ pub(super) struct MemberState {
     pub(super) view: Option<Arc<View>>,
     /// Each member's process instance in the current view.
     pub(super) view_instances: HashMap<PeerId, u64>,
+    /// The data-lane addresses each verified peer announced.
+    pub(super) lanes: HashMap<PeerId, Vec<String>>,
     /// A started view that runs without us (or with an earlier process of
     /// ours).
     pub(super) outside: Option<Arc<View>>,
@@ -78,6 +80,8 @@ pub(crate) struct Membership {
     pub(super) state: Mutex<MemberState>,
     pub(super) changed: Notify,
     pub(super) stopping: Arc<AtomicBool>,
+    /// Our data-lane addresses, announced in hellos.
+    pub(super) lane: Mutex<Vec<String>>,
     pub(super) shared: Arc<Shared>,
     /// What the view protocol heard (the communicator's board).
     pub(super) board: Arc<Board>,
@@ -125,6 +129,7 @@ impl Membership {
             state: Mutex::new(MemberState::default()),
             changed: Notify::new(),
             stopping,
+            lane: Mutex::new(Vec::new()),
             shared,
             board,
         }
@@ -222,7 +227,23 @@ impl Membership {
             settings: self.settings.clone(),
             admission: self.admission.digest(),
             instance: self.instance,
+            lane: lock(&self.lane).clone(),
         }
+    }
+
+    /// Sets the data-lane addresses our hellos announce.
+    pub fn set_lane_addrs(&self, addrs: Vec<String>) {
+        *lock(&self.lane) = addrs;
+    }
+
+    /// The data-lane addresses `peer` announced (only well-formed socket
+    /// addresses, at most 8), for a probe of whether its process is gone.
+    pub fn lane_addrs_of(&self, peer: &PeerId) -> Vec<String> {
+        lock(&self.state)
+            .lanes
+            .get(peer)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Records a verified peer and what it told us; dials the members it
@@ -231,6 +252,14 @@ impl Membership {
         let mut st = lock(&self.state);
         let addrs = parse_addrs("hello", &hello.addrs).unwrap_or_default();
         st.verified.insert(peer, addrs);
+        let lane: Vec<String> = hello
+            .lane
+            .iter()
+            .filter(|a| a.parse::<std::net::SocketAddr>().is_ok())
+            .take(8)
+            .cloned()
+            .collect();
+        st.lanes.insert(peer, lane);
         if lock(&self.board.0).fresh.contains(&peer) {
             // Admitted in this view: this is the process we admitted.
             st.view_instances.insert(peer, hello.instance);

@@ -53,6 +53,12 @@ pub(crate) struct Hello {
     /// processes sharing one identity.
     #[serde(default)]
     pub instance: u64,
+    /// The sender's data-lane addresses (`IP:port`, TCP): when its process
+    /// is gone they refuse connections, which tells a view change not to
+    /// wait for it (QUIC sees nothing of a killed process until the peer
+    /// timeout). Empty without a lane.
+    #[serde(default)]
+    pub lane: Vec<String>,
 }
 
 /// Why an admitted peer was refused: the field that differs and, for the

@@ -8,9 +8,16 @@ use libp2p::PeerId;
 
 use super::msg::{Report, SEND_TIMEOUT, ViewMsg};
 use crate::p2p::comm::P2pComm;
+use crate::p2p::lane::alive;
 use crate::p2p::membership::msg::MemberInfo;
+use crate::p2p::state::View;
 use crate::sync::lock;
 use crate::{CommError, ViewChange};
+
+/// How long after the start of a change a member that has not reported is
+/// probed (live members report within milliseconds), and how often again.
+const PROBE_AFTER: Duration = Duration::from_millis(500);
+const PROBE_EVERY: Duration = Duration::from_secs(2);
 
 impl P2pComm {
     /// [`crate::Communicator::change_view`] over libp2p; see the module docs.
@@ -39,6 +46,8 @@ impl P2pComm {
         let mut coordinator: Option<(PeerId, Instant)> = None;
         let (mut warned, mut paused) = (false, false);
         let collectives = self.shared.collectives_done();
+        let began = Instant::now();
+        let mut probed: HashMap<PeerId, Instant> = HashMap::new();
         loop {
             let (suspects, joiners) = {
                 let mut b = lock(&self.board.0);
@@ -97,6 +106,9 @@ impl P2pComm {
                     };
                     self.spawn_send(*peer, ViewMsg::Report(report), true);
                 }
+            }
+            if began.elapsed() >= PROBE_AFTER {
+                self.probe_silent(&old, &suspects, &mut probed);
             }
             let coord = *old
                 .members
@@ -179,6 +191,49 @@ impl P2pComm {
                 self.board.suspect(&self.shared, &coord);
             }
             self.sleep_tick()?;
+        }
+    }
+
+    /// Probes the data-lane port of every member of `old` that has neither
+    /// reported nor is suspected (at most every [`PROBE_EVERY`]): refused
+    /// connections mean its process is gone, and it is suspected at once.
+    /// Without this a second member killed with the first was waited for
+    /// the whole peer timeout over QUIC, which sees nothing of a killed
+    /// process until then; a probe that is accepted, or not answered (the
+    /// path or the machine), leaves the verdict to the peer timeout.
+    fn probe_silent(
+        &self,
+        old: &View,
+        suspects: &HashSet<PeerId>,
+        probed: &mut HashMap<PeerId, Instant>,
+    ) {
+        let Some(rt) = self.rt.as_ref() else { return };
+        let me = self.shared.local;
+        for peer in old
+            .members
+            .iter()
+            .filter(|p| **p != me && !suspects.contains(p))
+        {
+            if self.heard_from(old.number, peer)
+                || probed.get(peer).is_some_and(|t| t.elapsed() < PROBE_EVERY)
+            {
+                continue;
+            }
+            probed.insert(*peer, Instant::now());
+            let addrs = self.membership.lane_addrs_of(peer);
+            if addrs.is_empty() {
+                continue;
+            }
+            let (shared, board, peer) = (self.shared.clone(), self.board.clone(), *peer);
+            rt.spawn(async move {
+                if alive::process_gone(&addrs).await {
+                    board.lose(
+                        &shared,
+                        &peer,
+                        "it sent no report and its data lane port refuses connections",
+                    );
+                }
+            });
         }
     }
 
