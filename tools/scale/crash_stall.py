@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from measure import node_processes
+
 CASES = {
     "one member": [3],
     "the coordinator": [0],
@@ -38,17 +40,9 @@ CASES = {
 def node_pid(out, name):
     """The pid of the `slowmo node` process whose folder is out/name."""
     folder = os.path.abspath(os.path.join(out, name)).encode() + b"/"
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 1 and argv[0].endswith(b"slowmo") and argv[1] == b"node":
-            if any(a.startswith(folder) for a in argv):
-                return int(entry)
+    for pid, argv in node_processes():
+        if any(a.startswith(folder) for a in argv):
+            return int(pid)
     return None
 
 

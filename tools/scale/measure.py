@@ -24,8 +24,9 @@ import sys
 import time
 
 
-def node_pids():
-    pids = []
+def node_processes():
+    """(pid, argv) of every running `slowmo node` process."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -35,8 +36,12 @@ def node_pids():
         except OSError:
             continue
         if len(argv) > 1 and argv[0].endswith(b"slowmo") and argv[1] == b"node":
-            pids.append(entry)
-    return pids
+            found.append((entry, argv))
+    return found
+
+
+def node_pids():
+    return [pid for pid, _ in node_processes()]
 
 
 def sample(pid):
