@@ -42,8 +42,8 @@ pub enum ComposeError {
     },
     #[error("run config {path} is not valid TOML: {message}")]
     ParseConfig { path: PathBuf, message: String },
-    #[error("--min-nodes {min}: must be between 1 and --nodes {nodes}")]
-    MinNodes { min: usize, nodes: usize },
+    #[error("{0}")]
+    MinNodes(String),
     #[error("--image must not be empty")]
     NoImage,
     #[error("{0}")]
@@ -234,14 +234,7 @@ impl TestnetSpec {
             }
             None => None,
         };
-        if let Some(m) = args.run.min_nodes
-            && (m == 0 || m > args.nodes)
-        {
-            return Err(ComposeError::MinNodes {
-                min: m,
-                nodes: args.nodes,
-            });
-        }
+        args.run.check(args.nodes).map_err(ComposeError::MinNodes)?;
         let profile = Profile::load(&args.profile)?;
         let default_cpus = args.host_cpus.unwrap_or_else(host_cpus) / args.nodes as f64;
         let shapes = profile.resolve(args.nodes, default_cpus)?;

@@ -42,6 +42,16 @@ pub struct NodeRunFlags {
 }
 
 impl NodeRunFlags {
+    /// Checks `--min-nodes` against the run's `nodes`.
+    pub fn check(&self, nodes: usize) -> Result<(), String> {
+        match self.min_nodes {
+            Some(m) if m == 0 || m > nodes => Err(format!(
+                "--min-nodes {m}: must be between 1 and --nodes {nodes}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The nodes' checkpoint settings: on when asked (or `also_on`, a
     /// resume) or implied by either value.
     pub fn checkpoint_flags(&self, also_on: bool) -> Option<CheckpointFlags> {
@@ -175,6 +185,24 @@ mod tests {
         assert_eq!(node_index(&node_name(12)), Some(12));
         assert_eq!(node_index("node3"), None);
         assert_eq!(node_index("node-x"), None);
+    }
+
+    #[test]
+    fn min_nodes_must_lie_between_one_and_the_node_count() {
+        let with = |m| NodeRunFlags {
+            min_nodes: m,
+            ..Default::default()
+        };
+        assert!(with(None).check(4).is_ok());
+        assert!(with(Some(1)).check(4).is_ok());
+        assert!(with(Some(4)).check(4).is_ok());
+        for bad in [0, 5] {
+            let err = with(Some(bad)).check(4).unwrap_err();
+            assert_eq!(
+                err,
+                format!("--min-nodes {bad}: must be between 1 and --nodes 4")
+            );
+        }
     }
 
     #[test]

@@ -55,14 +55,7 @@ impl Prepared {
         let slots = args.nodes + joins;
         config.check_local_nodes(slots, &slowmo_runspec::Resources::of_this_machine())?;
         let bin = slowmo_binary(args.slowmo_bin.as_deref())?;
-        if let Some(m) = args.run.min_nodes
-            && (m == 0 || m > args.nodes)
-        {
-            bail!(
-                "--min-nodes {m}: must be between 1 and --nodes {}",
-                args.nodes
-            );
-        }
+        args.run.check(args.nodes).map_err(anyhow::Error::msg)?;
         let out = args.out.clone().unwrap_or_else(default_out);
         let metrics_ports = args
             .metrics_base_port
