@@ -13,7 +13,7 @@ use std::process::Command;
 use serde_json::Value;
 
 mod local_support;
-use local_support::{slowmo_bin, text};
+use local_support::{harness_files, read_json, text};
 
 /// The last lines of each node's log above DEBUG, for a failure message.
 fn log_tails(out: &Path) -> String {
@@ -29,12 +29,6 @@ fn log_tails(out: &Path) -> String {
         }
     }
     tails
-}
-
-fn read_json(path: &Path) -> Value {
-    let text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap()
 }
 
 #[test]
@@ -59,10 +53,7 @@ fn background_gossip_without_averages_finishes_after_a_kill_and_a_restart() {
         .args(["--hidden", "8", "--batch-size", "8"])
         .args(["--join-timeout", "30", "--peer-timeout", "10"])
         .args(["--faults", "kill 2@300; restart 2@0.5s"])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(&out)
+        .args(harness_files(&out))
         .output()
         .unwrap();
     let t = format!("{}\n{}", text(&run), log_tails(&out));

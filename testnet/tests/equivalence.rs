@@ -8,7 +8,7 @@
 use std::process::Command;
 
 mod local_support;
-use local_support::slowmo_bin;
+use local_support::{harness_files, slowmo_bin};
 
 /// Runs `flags` in the simulator and on a local testnet of `nodes`
 /// processes and asserts that every node's final parameter file equals the
@@ -29,10 +29,7 @@ fn agree(nodes: usize, flags: &[&str]) -> tempfile::TempDir {
     let status = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
         .args(["local", "--quiet", "--nodes", &nodes.to_string()])
         .args(["--join-timeout", "60", "--peer-timeout", "60"])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(&out)
+        .args(harness_files(&out))
         .args(flags)
         .status()
         .unwrap();

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod local_support;
-use local_support::slowmo_bin;
+use local_support::harness_files;
 
 /// The peer timeout of the run: a stall of two of them was the old cost.
 const PEER_TIMEOUT: u64 = 30;
@@ -48,10 +48,7 @@ fn a_killed_node_stalls_the_survivors_for_well_under_the_peer_timeout() {
         .args(["--peer-timeout", &PEER_TIMEOUT.to_string()])
         .args(["--faults", "kill 2@200"])
         .args(["--eval-every", "0", "--hidden", "64"])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(&out)
+        .args(harness_files(&out))
         .output()
         .unwrap();
     let log = format!(

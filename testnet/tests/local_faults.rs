@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 mod local_support;
-use local_support::{slowmo_bin, text};
+use local_support::{harness_files, read_json, text};
 
 /// A 4-node run of the synthetic default task with a fault script.
 fn local(out: &Path, steps: u64, faults: &str, extra: &[&str]) -> Output {
@@ -23,20 +23,15 @@ fn local(out: &Path, steps: u64, faults: &str, extra: &[&str]) -> Output {
         } else {
             vec!["--faults", faults]
         })
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(out)
+        .args(harness_files(out))
         .args(extra)
         .output()
         .unwrap()
 }
 
 fn fates(out: &Path) -> Vec<Value> {
-    let path = out.join("fates.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str::<Vec<Value>>(&text).unwrap()
+    let fates = read_json(&out.join("fates.json"));
+    fates.as_array().expect("fates.json holds a list").clone()
 }
 
 fn events(out: &Path) -> Vec<Value> {
@@ -148,10 +143,7 @@ fn a_restarted_node_keeps_its_earlier_metrics_and_appends_to_its_log() {
 }
 
 fn summary(out: &Path, node: usize) -> Value {
-    let path = out.join(format!("node-{node}/summary.json"));
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap()
+    read_json(&out.join(format!("node-{node}/summary.json")))
 }
 
 #[test]
@@ -384,10 +376,7 @@ fn survivors_finish_without_waiting_again_on_a_stopped_peer() {
             "12",
         ])
         .args(["--faults", "pause 3@100"])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(&out)
+        .args(harness_files(&out))
         .output()
         .unwrap();
     let t = text(&run);

@@ -10,17 +10,14 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod local_support;
-use local_support::{slowmo_bin, text};
+use local_support::{harness_files, slowmo_bin, text};
 
 fn local(out: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
         .args(["local", "--nodes", "2", "--quiet", "--steps", "20"])
         .args(["--eval-every", "0", "--hidden", "8", "--batch-size", "8"])
         .args(["--join-timeout", "60", "--peer-timeout", "60"])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(out)
+        .args(harness_files(out))
         .args(extra)
         .output()
         .unwrap()

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod local_support;
-use local_support::slowmo_bin;
+use local_support::{harness_files, slowmo_bin};
 
 /// A base port with `n` free ports from it.
 fn free_ports(n: u16) -> u16 {
@@ -70,10 +70,7 @@ fn metrics_testnet(base: u16, steps: u64, out: &std::path::Path) -> Command {
         ])
         .args(["--hidden", "8", "--batch-size", "8"])
         .args(["--metrics-base-port", &base.to_string()])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(out)
+        .args(harness_files(out))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
@@ -261,10 +258,7 @@ fn bench_stdout(extra: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_slowmo-testnet"))
         .args(["bench", "--nodes", "2", "--steps", "5"])
         .args(extra)
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(out_dir.path())
+        .args(harness_files(out_dir.path()))
         .env_remove("RUST_LOG")
         .output()
         .unwrap();

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod local_support;
-use local_support::slowmo_bin;
+use local_support::harness_files;
 
 /// (step, loss, weight) of every metrics line.
 fn metrics(path: &Path) -> Vec<(u64, f64, f64)> {
@@ -39,10 +39,7 @@ fn osgp_testnet(
         .args(["--steps", &steps.to_string(), "--eval-every", "0"])
         .args(["--hidden", "32", "--batch-size", "16"])
         .args(["--join-timeout", "60", "--peer-timeout", "60"])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(out)
+        .args(harness_files(out))
         .status()
         .unwrap();
     assert!(status.success(), "osgp testnet {flags:?}");

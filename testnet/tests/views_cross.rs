@@ -9,13 +9,12 @@
 //! fault is carried out (and a started node was heard asking to join), so
 //! every fault lands at its step, as in the simulator.
 
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
 mod local_support;
-use local_support::slowmo_bin;
+use local_support::{harness_files, read_json, slowmo_bin};
 
 const STEPS: u64 = 160;
 const TAU: u64 = 40;
@@ -39,12 +38,6 @@ fn common() -> Vec<String> {
         TAU.to_string(),
     ]);
     args
-}
-
-fn read_json(path: &Path) -> Value {
-    let text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A view change as both transports record it, members by worker number.
@@ -87,10 +80,7 @@ fn simulator_and_processes_agree_on_every_view() {
         .args(["local", "--nodes", "4", "--quiet", "--no-report"])
         .args(["--transport", "tcp", "--join-timeout", "60"])
         .args(["--peer-timeout", "10", "--faults", &script])
-        .arg("--slowmo-bin")
-        .arg(slowmo_bin())
-        .arg("--out")
-        .arg(&net)
+        .args(harness_files(&net))
         .args(common())
         .output()
         .unwrap();

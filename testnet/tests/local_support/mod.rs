@@ -1,8 +1,11 @@
 //! Shared by the tests that start local testnets of `slowmo node` processes.
 #![allow(dead_code)] // each test file uses some of these
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::Output;
+
+use serde_json::Value;
 
 /// The `slowmo` binary the nodes run: `$SLOWMO_BIN`, else the one beside
 /// this crate's `slowmo-testnet` in the same target folder (built by
@@ -20,6 +23,24 @@ pub fn slowmo_bin() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The flags of a `slowmo-testnet` run naming the `slowmo` binary its
+/// nodes run ([`slowmo_bin`]) and the run's folder.
+pub fn harness_files(out: &Path) -> [OsString; 4] {
+    [
+        "--slowmo-bin".into(),
+        slowmo_bin().into(),
+        "--out".into(),
+        out.into(),
+    ]
+}
+
+/// A JSON file a run wrote, parsed; a failure names the file.
+pub fn read_json(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A finished command's status, stdout and stderr, for assertion messages.
