@@ -107,8 +107,14 @@ impl P2pComm {
                     self.spawn_send(*peer, ViewMsg::Report(report), true);
                 }
             }
+            // The members whose report on this change we hold.
+            let heard: HashSet<PeerId> = lock(&self.board.0)
+                .reports
+                .get(&old.number)
+                .map(|r| r.keys().copied().collect())
+                .unwrap_or_default();
             if began.elapsed() >= PROBE_AFTER {
-                self.probe_silent(&old, &suspects, &mut probed);
+                self.probe_silent(&old, &suspects, &heard, &mut probed);
             }
             let coord = *old
                 .members
@@ -125,11 +131,6 @@ impl P2pComm {
                 }
             };
             if coord == me {
-                let heard: HashSet<PeerId> = lock(&self.board.0)
-                    .reports
-                    .get(&old.number)
-                    .map(|r| r.keys().copied().collect())
-                    .unwrap_or_default();
                 let waiting: Vec<&PeerId> = old
                     .members
                     .iter()
@@ -173,7 +174,7 @@ impl P2pComm {
                         );
                     }
                 }
-            } else if !self.heard_from(old.number, &coord) && since.elapsed() >= timeout {
+            } else if !heard.contains(&coord) && since.elapsed() >= timeout {
                 // A live coordinator reports as soon as it hears of the
                 // change; one that stays silent is gone.
                 tracing::warn!(%coord, "coordinator {coord} sent no report within {timeout:?}; suspecting it");
@@ -205,6 +206,7 @@ impl P2pComm {
         &self,
         old: &View,
         suspects: &HashSet<PeerId>,
+        heard: &HashSet<PeerId>,
         probed: &mut HashMap<PeerId, Instant>,
     ) {
         let Some(rt) = self.rt.as_ref() else { return };
@@ -214,9 +216,7 @@ impl P2pComm {
             .iter()
             .filter(|p| **p != me && !suspects.contains(p))
         {
-            if self.heard_from(old.number, peer)
-                || probed.get(peer).is_some_and(|t| t.elapsed() < PROBE_EVERY)
-            {
+            if heard.contains(peer) || probed.get(peer).is_some_and(|t| t.elapsed() < PROBE_EVERY) {
                 continue;
             }
             probed.insert(*peer, Instant::now());
@@ -235,12 +235,5 @@ impl P2pComm {
                 }
             });
         }
-    }
-
-    pub(super) fn heard_from(&self, view: u64, peer: &PeerId) -> bool {
-        lock(&self.board.0)
-            .reports
-            .get(&view)
-            .is_some_and(|r| r.contains_key(peer))
     }
 }
