@@ -2,9 +2,10 @@
 //!
 //! Every dataset is held in memory as normalised images in NCHW order (one
 //! flat store per split: the bytes of image files with a table per channel,
-//! f32 values for synthetic data, see [`Pixels`]) plus `u32` labels. The loop only ever sees a
-//! [`Split`] and index shards of it, so a worker's data is a list of indices
-//! ([`shard_indices`]) walked by a seeded [`Batcher`].
+//! f32 values for synthetic data, see [`Pixels`]) plus `u32` labels. The
+//! loop only ever sees a [`Split`] and index shards of it, so a worker's
+//! data is a list of indices ([`shard_indices`]) walked by a seeded
+//! [`Batcher`].
 //!
 //! - [`DatasetKind::Synthetic`] (the default) needs no files: it is generated
 //!   from the seed in well under a second, see [`synthetic`].
@@ -69,6 +70,21 @@ impl Split {
     pub fn image(&self, i: usize) -> Option<std::borrow::Cow<'_, [f32]>> {
         let n = self.sample_len();
         self.images.get(i * n, (i + 1) * n)
+    }
+
+    /// The samples `indices`, in that order, in a split of the same kind
+    /// of store.
+    ///
+    /// # Panics
+    /// When an index is out of range.
+    pub fn select(&self, indices: impl IntoIterator<Item = usize> + Clone) -> Split {
+        let n = self.sample_len();
+        Split {
+            images: self
+                .images
+                .gather(indices.clone().into_iter().map(|i| i * n..(i + 1) * n)),
+            labels: indices.into_iter().map(|i| self.labels[i]).collect(),
+        }
     }
 
     /// Appends the pixels of sample `i` to `out`.

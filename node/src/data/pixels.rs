@@ -125,16 +125,27 @@ impl Pixels {
         out
     }
 
-    /// The first `end` values, in the same store.
-    pub fn head(&self, end: usize) -> Pixels {
+    /// The values of `ranges` (whole samples: a byte's table follows from
+    /// its place), one after the other, in the same kind of store (bytes
+    /// stay bytes).
+    ///
+    /// # Panics
+    /// When a range is out of bounds, as slicing does.
+    pub fn gather(&self, ranges: impl IntoIterator<Item = std::ops::Range<usize>>) -> Pixels {
         match self {
-            Pixels::Values(v) => Pixels::Values(v[..end].to_vec()),
+            Pixels::Values(v) => {
+                Pixels::Values(ranges.into_iter().flat_map(|r| &v[r]).copied().collect())
+            }
             Pixels::Bytes {
                 bytes,
                 tables,
                 plane,
             } => Pixels::Bytes {
-                bytes: bytes[..end].to_vec(),
+                bytes: ranges
+                    .into_iter()
+                    .flat_map(|r| &bytes[r])
+                    .copied()
+                    .collect(),
                 tables: tables.clone(),
                 plane: *plane,
             },
@@ -156,7 +167,13 @@ mod tests {
         assert_eq!(p.to_vec(), vec![1.0, 2.0, -3.0, -4.0, 5.0, 6.0, -7.0, -8.0]);
         assert_eq!(p.get(3, 6).unwrap().as_ref(), &[-4.0, 5.0, 6.0]);
         assert!(p.get(7, 9).is_none());
-        assert_eq!(p.head(3).to_vec(), vec![1.0, 2.0, -3.0]);
+        // whole samples, the second first
+        let picked = p.gather([4..8, 0..4]);
+        assert!(matches!(picked, Pixels::Bytes { .. }));
+        assert_eq!(
+            picked.to_vec(),
+            vec![5.0, 6.0, -7.0, -8.0, 1.0, 2.0, -3.0, -4.0]
+        );
         let v = Pixels::from(vec![0.5, 1.5]);
         assert!(matches!(v.get(1, 2), Some(Cow::Borrowed(&[1.5]))));
     }

@@ -122,15 +122,6 @@ fn mean_std(sum: f64, sum_sq: f64, n: f64) -> (f64, f64) {
     (mean, (sum_sq / n - mean * mean).max(0.0).sqrt())
 }
 
-/// A view of the first `n` samples of a split.
-fn head(split: &Split, sample_len: usize, n: usize) -> Split {
-    let n = n.min(split.len());
-    Split {
-        images: split.images.head(n * sample_len),
-        labels: split.labels[..n].to_vec(),
-    }
-}
-
 struct Snapshot {
     consensus_distance: f64,
     weight_spread: f64,
@@ -347,7 +338,7 @@ pub fn run_worker_keeping(
     let batcher = Batcher::new(shard, batch_seed(config.seed, rank));
     // The test split itself when it is no longer (a copy would double it).
     let eval_head =
-        (dataset.test.len() > EVAL_SAMPLES).then(|| head(&dataset.test, sample_len, EVAL_SAMPLES));
+        (dataset.test.len() > EVAL_SAMPLES).then(|| dataset.test.select(0..EVAL_SAMPLES));
     let mut w = Worker {
         place: Place {
             rank,

@@ -469,9 +469,10 @@ impl Membership {
     /// when its proposal changed and, after [`RETRY`], those whose proposal
     /// still differs, and every other member greets only the coordinator
     /// (again after [`RETRY`] until it says it started: it starts the view
-    /// and tells each member, see [`Membership::join`]). Greeting everyone on every tick made a start
-    /// of 96 nodes exchange hundreds of MB of hellos a second and never
-    /// settle; telling every member our proposal made it m^2 exchanges.
+    /// and tells each member, see [`Membership::join`]). Greeting everyone
+    /// on every tick made a start of 96 nodes exchange hundreds of MB of
+    /// hellos a second and never settle; telling every member our proposal
+    /// made it m^2 exchanges.
     pub(super) fn due(&self) -> Vec<PeerId> {
         let mut st = lock(&self.state);
         let cand = self.candidate(&st).ok().flatten();

@@ -146,17 +146,11 @@ pub fn hold_out(dataset: &Dataset, n: usize, seed: u64) -> anyhow::Result<(Datas
     for &i in &order[..n] {
         held[i] = true;
     }
-    let len = dataset.train.sample_len();
     let take = |keep: bool| {
-        let (mut images, mut labels) = (Vec::new(), Vec::new());
-        for i in (0..total).filter(|&i| held[i] != keep) {
-            dataset.train.image_into(i, len, &mut images);
-            labels.push(dataset.train.labels[i]);
-        }
-        Split {
-            images: images.into(),
-            labels,
-        }
+        let held = &held;
+        dataset
+            .train
+            .select((0..total).filter(move |&i| held[i] != keep))
     };
     let train = take(true);
     let validation = take(false);
