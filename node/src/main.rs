@@ -14,6 +14,8 @@ enum Command {
     Simulate(Box<slowmo_node::commands::simulate::SimulateArgs>),
     /// Run one real peer of a run over libp2p.
     Node(Box<slowmo_node::commands::node::NodeArgs>),
+    /// Serve nodes behind NATs as a relay, training nothing.
+    Relay(slowmo_node::commands::relay::RelayArgs),
     /// Admission to a run: run keys, invitations, peer ids.
     Run(slowmo_node::commands::run::RunArgs),
     /// Analyse and compare communication graphs, and sweep training over them.
@@ -48,6 +50,7 @@ fn main() -> std::process::ExitCode {
         | Command::Bench(_)
         | Command::Report(_)
         | Command::Run(_)
+        | Command::Relay(_)
         | Command::Study(_) => set_compute_threads(1),
         Command::Node(args) => {
             if let Some(n) = args.threads {
@@ -75,6 +78,7 @@ fn main() -> std::process::ExitCode {
         Command::Simulate(args) => slowmo_node::commands::simulate::run(*args),
         Command::Node(args) => slowmo_node::commands::node::run(*args),
         Command::Run(args) => slowmo_node::commands::run::run(args),
+        Command::Relay(args) => slowmo_node::commands::relay::run(args),
         Command::Topology(args) => slowmo_node::commands::topology::run(args),
         Command::Bench(args) => slowmo_node::commands::bench::run(args),
         Command::Report(args) => slowmo_node::io::report::run(args),

@@ -14,8 +14,17 @@
 //!   model-sized share streams at link speed;
 //! - yamux 0.14 already auto-tunes stream windows up to 1 GiB per connection
 //!   (there is nothing to raise; the old fixed 256 KiB window is gone).
+//!
+//! Across NATs ([`super::reach`]): every node is a relay client (it takes a
+//! reservation on each relay it dials, unless it serves as one itself),
+//! punches holes with DCUtR (TCP keeps port reuse, so the punch leaves from
+//! the port peers observe) and asks AutoNAT v2 servers which of its
+//! addresses are reachable; a node started with `relay` serves circuits and
+//! AutoNAT dial-backs. A relay's default circuit (2 minutes, 128 KiB) is
+//! raised to what a run's control plane needs: a peer whose punch failed
+//! keeps its membership traffic on the circuit for the whole run.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,12 +36,14 @@ use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{DialError, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{
-    Multiaddr, PeerId, Swarm, identify, identity::Keypair, mdns, noise, ping, quic, tcp, yamux,
+    Multiaddr, PeerId, Swarm, autonat, dcutr, identify, identity::Keypair, mdns, noise, ping, quic,
+    relay, rendezvous, tcp, yamux,
 };
 use tokio::sync::mpsc;
 
 use super::command::SwarmCmd;
 use super::config::P2pConfig;
+use super::reach::{ConnectionKind, Reach, is_relayed};
 use crate::CommError;
 use crate::sync::lock;
 
@@ -43,7 +54,29 @@ pub(crate) struct Behaviour {
     identify: identify::Behaviour,
     ping: ping::Behaviour,
     mdns: Toggle<mdns::tokio::Behaviour>,
+    relay_client: relay::client::Behaviour,
+    relay: Toggle<relay::Behaviour>,
+    dcutr: dcutr::Behaviour,
+    autonat: autonat::v2::client::Behaviour,
+    autonat_server: Toggle<autonat::v2::server::Behaviour>,
+    rendezvous: rendezvous::client::Behaviour,
+    rendezvous_server: Toggle<rendezvous::server::Behaviour>,
     pub stream: libp2p_stream::Behaviour,
+}
+
+/// How long a relay keeps one circuit, and how many bytes it carries: the
+/// control plane of a whole run whose hole punch failed (hellos, view
+/// changes, barriers' small messages), not tensors.
+const CIRCUIT_DURATION: Duration = Duration::from_secs(24 * 3600);
+const CIRCUIT_BYTES: u64 = 64 << 20;
+
+/// The relay service of a node started with `relay`.
+fn relay_config() -> relay::Config {
+    relay::Config {
+        max_circuit_duration: CIRCUIT_DURATION,
+        max_circuit_bytes: CIRCUIT_BYTES,
+        ..relay::Config::default()
+    }
 }
 
 /// What the swarm task tells the membership task.
@@ -151,8 +184,11 @@ fn log_dial_error(peer: Option<PeerId>, error: &DialError, logged: &mut HashMap<
 /// The protocols of a node.
 fn behaviour(
     key: &Keypair,
+    relay_client: relay::client::Behaviour,
     mdns_on: bool,
+    relay_server: bool,
 ) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
+    let local = key.public().to_peer_id();
     let mdns = if mdns_on {
         Some(mdns::tokio::Behaviour::new(
             mdns::Config::default(),
@@ -165,6 +201,16 @@ fn behaviour(
         identify: identify::Behaviour::new(identify::Config::new("/slowmo/1".into(), key.public())),
         ping: ping::Behaviour::new(ping::Config::new()),
         mdns: Toggle::from(mdns),
+        relay_client,
+        relay: Toggle::from(relay_server.then(|| relay::Behaviour::new(local, relay_config()))),
+        dcutr: dcutr::Behaviour::new(local),
+        autonat: autonat::v2::client::Behaviour::default(),
+        autonat_server: Toggle::from(relay_server.then(autonat::v2::server::Behaviour::default)),
+        rendezvous: rendezvous::client::Behaviour::new(key.clone()),
+        rendezvous_server: Toggle::from(
+            relay_server
+                .then(|| rendezvous::server::Behaviour::new(rendezvous::server::Config::default())),
+        ),
         stream: libp2p_stream::Behaviour::new(),
     })
 }
@@ -182,6 +228,8 @@ fn record(metrics: &Metrics, event: &SwarmEvent<BehaviourEvent>) {
     match event {
         SwarmEvent::Behaviour(BehaviourEvent::Identify(e)) => metrics.record(e),
         SwarmEvent::Behaviour(BehaviourEvent::Ping(e)) => metrics.record(e),
+        SwarmEvent::Behaviour(BehaviourEvent::Dcutr(e)) => metrics.record(e),
+        SwarmEvent::Behaviour(BehaviourEvent::Relay(e)) => metrics.record(e),
         _ => {}
     }
     metrics.record(event);
@@ -203,6 +251,7 @@ pub(crate) fn build_swarm(
     let idle_ms = cfg.peer_timeout.max(Duration::from_secs(3)).as_millis();
     let idle_ms = idle_ms.min(u32::MAX as u128) as u32;
     let mdns_on = cfg.mdns;
+    let relay_server = cfg.relay;
     let builder = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
         .with_tcp(
@@ -225,13 +274,15 @@ pub(crate) fn build_swarm(
             }
         })
         .with_dns()
-        .map_err(|e| fail("dns", &e))?;
+        .map_err(|e| fail("dns", &e))?
+        .with_relay_client(noise::Config::new, yamux::Config::default)
+        .map_err(|e| fail("relay client", &e))?;
     Ok(match &cfg.metrics {
         Some(registry) => {
             let mut registry = lock(registry);
             let swarm = builder
                 .with_bandwidth_metrics(&mut registry)
-                .with_behaviour(|key| behaviour(key, mdns_on))
+                .with_behaviour(|key, client| behaviour(key, client, mdns_on, relay_server))
                 .map_err(|e| fail("behaviour", &e))?
                 .with_swarm_config(swarm_config)
                 .build();
@@ -239,7 +290,7 @@ pub(crate) fn build_swarm(
         }
         None => {
             let swarm = builder
-                .with_behaviour(|key| behaviour(key, mdns_on))
+                .with_behaviour(|key, client| behaviour(key, client, mdns_on, relay_server))
                 .map_err(|e| fail("behaviour", &e))?
                 .with_swarm_config(swarm_config)
                 .build();
@@ -259,14 +310,37 @@ pub(crate) async fn run_swarm(
     listen_addrs: Arc<Mutex<Vec<Multiaddr>>>,
     bootstrap: Vec<Multiaddr>,
     metrics: Option<Metrics>,
+    nat: NatSetup,
 ) {
     let local = *swarm.local_peer_id();
+    let NatSetup {
+        reach,
+        relay_server,
+        external,
+        namespace,
+    } = nat;
+    // Rendezvous points (relays) we reach, and when we last registered
+    // there (with how many external addresses).
+    let mut points: HashMap<PeerId, Option<(tokio::time::Instant, usize)>> = HashMap::new();
+    let mut rendezvous_tick = tokio::time::interval(DISCOVER_EVERY);
+    reach.update(|r| r.relay_server = relay_server);
+    for addr in external {
+        swarm.add_external_address(addr.clone());
+        reach.update(|r| r.confirmed.push(addr));
+    }
+    // Relays we took (or asked for) a reservation on.
+    let mut reserving: HashSet<PeerId> = HashSet::new();
+    // Relayed addresses of peers we were asked to dial, tried once the
+    // direct dial has had its head start.
+    let mut relayed_dials: HashMap<PeerId, (tokio::time::Instant, Vec<Multiaddr>)> = HashMap::new();
+    let mut sweep = tokio::time::interval(Duration::from_millis(500));
     let mut discovering = true;
     // Remote addresses of our outbound connections, to know which bootstrap
     // entries are reached.
     let mut dialed: HashMap<libp2p::swarm::ConnectionId, Multiaddr> = HashMap::new();
-    // Open connections: the peer and the order they were established in.
-    let mut opened: HashMap<libp2p::swarm::ConnectionId, (PeerId, u64)> = HashMap::new();
+    // Open connections: the peer, the order they were established in, and
+    // whether they go through a relay.
+    let mut opened: HashMap<libp2p::swarm::ConnectionId, (PeerId, u64, bool)> = HashMap::new();
     let mut opened_count = 0u64;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     // The last dial failure logged per address.
@@ -275,21 +349,8 @@ pub(crate) async fn run_swarm(
         tokio::select! {
             cmd = commands.recv() => match cmd {
                 None | Some(SwarmCmd::Shutdown) => break,
-                Some(SwarmCmd::Dial { peer, mut addrs }) => {
-                    if peer == local || swarm.is_connected(&peer) {
-                        continue;
-                    }
-                    quic_first(&mut addrs);
-                    for a in &addrs {
-                        swarm.add_peer_address(peer, a.clone());
-                    }
-                    let opts = DialOpts::peer_id(peer)
-                        .addresses(addrs)
-                        .condition(PeerCondition::DisconnectedAndNotDialing)
-                        .build();
-                    if let Err(e) = swarm.dial(opts) {
-                        tracing::debug!(%peer, "dial failed: {e}");
-                    }
+                Some(SwarmCmd::Dial { peer, addrs }) => {
+                    dial_peer(&mut swarm, &mut relayed_dials, peer, addrs);
                 }
                 Some(SwarmCmd::Disconnect(peer)) => {
                     let _ = swarm.disconnect_peer_id(peer);
@@ -297,8 +358,8 @@ pub(crate) async fn run_swarm(
                 Some(SwarmCmd::DropStale(peer)) => {
                     let mut conns: Vec<_> = opened
                         .iter()
-                        .filter(|(_, (p, _))| *p == peer)
-                        .map(|(c, (_, n))| (*n, *c))
+                        .filter(|(_, (p, _, _))| *p == peer)
+                        .map(|(c, (_, n, _))| (*n, *c))
                         .collect();
                     conns.sort_by_key(|(n, _)| *n);
                     conns.pop();
@@ -308,6 +369,66 @@ pub(crate) async fn run_swarm(
                     }
                 }
                 Some(SwarmCmd::StopDiscovery) => discovering = false,
+            },
+            _ = rendezvous_tick.tick(), if namespace.is_some() && !points.is_empty() => {
+                let ns = namespace.clone().expect("checked");
+                let externals = swarm.external_addresses().count();
+                let now = tokio::time::Instant::now();
+                for (point, registered) in points.iter_mut() {
+                    let renew = match registered {
+                        None => true,
+                        Some((at, n)) => *n != externals || now.duration_since(*at) >= REGISTER_EVERY,
+                    };
+                    if renew && externals > 0 {
+                        match swarm.behaviour_mut().rendezvous.register(ns.clone(), *point, None) {
+                            Ok(()) => *registered = Some((now, externals)),
+                            Err(e) => tracing::debug!(%point, "cannot register at {point}: {e}"),
+                        }
+                    }
+                    if discovering {
+                        swarm.behaviour_mut().rendezvous.discover(Some(ns.clone()), None, None, *point);
+                    }
+                }
+            },
+            _ = sweep.tick() => {
+                // Relayed dials whose head start is over.
+                let now = tokio::time::Instant::now();
+                let due: Vec<PeerId> = relayed_dials
+                    .iter()
+                    .filter(|(_, (after, _))| *after <= now)
+                    .map(|(p, _)| *p)
+                    .collect();
+                for peer in due {
+                    let Some((_, addrs)) = relayed_dials.remove(&peer) else { continue };
+                    if swarm.is_connected(&peer) {
+                        continue;
+                    }
+                    tracing::debug!(%peer, "dialing {peer} through a relay");
+                    let opts = DialOpts::peer_id(peer)
+                        .addresses(addrs)
+                        .condition(PeerCondition::Disconnected)
+                        .build();
+                    if let Err(e) = swarm.dial(opts) {
+                        tracing::debug!(%peer, "relayed dial failed: {e}");
+                    }
+                }
+                // A peer reached directly needs its relayed connection no
+                // more (DCUtR has had the time to report on it): tensors
+                // must not take the relay.
+                let direct: HashSet<PeerId> = opened
+                    .values()
+                    .filter(|(_, _, relayed)| !relayed)
+                    .map(|(p, _, _)| *p)
+                    .collect();
+                let stale: Vec<libp2p::swarm::ConnectionId> = opened
+                    .iter()
+                    .filter(|(_, (p, _, relayed))| *relayed && direct.contains(p))
+                    .map(|(c, _)| *c)
+                    .collect();
+                for c in stale {
+                    tracing::debug!("closing a relayed connection: a direct one is up");
+                    swarm.close_connection(c);
+                }
             },
             _ = tick.tick(), if discovering => {
                 // Addresses of one known peer form one dial, QUIC first;
@@ -354,30 +475,84 @@ pub(crate) async fn run_swarm(
                 record(m, &event);
             }
             match event {
+                SwarmEvent::NewListenAddr { address, .. } if is_relayed(&address) => {
+                    // A relay holds a reservation for us: peers that cannot
+                    // dial us reach us at this address.
+                    tracing::info!(%address, "reachable through a relay at {address}");
+                    if let Some(relay) = relay_of(&address) {
+                        reach.update(|r| {
+                            r.reservations.insert(relay, address.clone());
+                            r.reservation_errors.remove(&relay);
+                        });
+                    }
+                    // What we register at rendezvous points: peers that
+                    // find us there can always dial this one.
+                    swarm.add_external_address(address.clone());
+                    lock(&listen_addrs).push(address);
+                }
                 SwarmEvent::NewListenAddr { address, .. } => {
                     tracing::info!(%address, "listening on {address}/p2p/{local}");
                     raise_quic_buffers(&address);
+                    if relay_server {
+                        // A relay is reachable where it listens (its
+                        // operator says so): reservations hand these out.
+                        swarm.add_external_address(address.clone());
+                        reach.update(|r| r.confirmed.push(address.clone()));
+                    }
                     lock(&listen_addrs).push(address);
                 }
                 SwarmEvent::ExpiredListenAddr { address, .. } => {
+                    if let Some(relay) = relay_of(&address).filter(|_| is_relayed(&address)) {
+                        reach.update(|r| r.reservations.remove(&relay));
+                        reserving.remove(&relay);
+                        swarm.remove_external_address(&address);
+                    }
                     lock(&listen_addrs).retain(|a| a != &address);
                 }
                 SwarmEvent::ConnectionEstablished { peer_id, connection_id, endpoint, .. } => {
+                    let relayed = endpoint.is_relayed();
                     let dialed_addr = match endpoint {
                         ConnectedPoint::Dialer { address, .. } => Some(address),
                         ConnectedPoint::Listener { .. } => None,
                     };
-                    tracing::debug!(peer = %peer_id, ?dialed_addr, "connection established");
+                    tracing::debug!(peer = %peer_id, ?dialed_addr, relayed, "connection established");
                     if let Some(a) = &dialed_addr {
                         dialed.insert(connection_id, a.clone());
                     }
+                    relayed_dials.remove(&peer_id);
                     opened_count += 1;
-                    opened.insert(connection_id, (peer_id, opened_count));
+                    // A direct connection while a relayed one is open is
+                    // the hole punch's.
+                    let had_relayed = opened.values().any(|(p, _, r)| *p == peer_id && *r);
+                    opened.insert(connection_id, (peer_id, opened_count, relayed));
+                    let kind = connection_kind(&opened, &peer_id, had_relayed);
+                    reach.update(|r| {
+                        let entry = r.peers.entry(peer_id).or_default();
+                        // Once punched, a peer stays punched while a direct
+                        // connection is open.
+                        if !(kind == Some(ConnectionKind::Direct)
+                            && entry.kind == Some(ConnectionKind::HolePunched))
+                        {
+                            entry.kind = kind;
+                        }
+                    });
+                    if relayed {
+                        tracing::info!(peer = %peer_id, "connected to {peer_id} through a relay; trying a direct connection (hole punch)");
+                    }
                     let _ = events.send(NetEvent::Connected { peer: peer_id, dialed: dialed_addr });
                 }
                 SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, cause, .. } => {
                     dialed.remove(&connection_id);
                     opened.remove(&connection_id);
+                    reach.update(|r| {
+                        let entry = r.peers.entry(peer_id).or_default();
+                        entry.kind = match connection_kind(&opened, &peer_id, false) {
+                            Some(ConnectionKind::Direct) if entry.kind == Some(ConnectionKind::HolePunched) => {
+                                Some(ConnectionKind::HolePunched)
+                            }
+                            other => other,
+                        };
+                    });
                     tracing::debug!(peer = %peer_id, ?cause, "connection closed");
                     if num_established == 0 {
                         let _ = events.send(NetEvent::Disconnected { peer: peer_id });
@@ -409,9 +584,103 @@ pub(crate) async fn run_swarm(
                 SwarmEvent::ListenerError { error, .. } => {
                     tracing::warn!("a listener failed: {}", error_chain(&error));
                 }
-                SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
+                SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, connection_id })) => {
+                    if !is_relayed(&info.observed_addr) {
+                        reach.update(|r| {
+                            if !r.observed.contains(&info.observed_addr) {
+                                r.observed.push(info.observed_addr.clone());
+                            }
+                        });
+                    }
+                    // A relay we dialed: take a reservation on it (a relay
+                    // serves others, and needs none itself).
+                    let is_relay = info.protocols.contains(&relay::HOP_PROTOCOL_NAME);
+                    if is_relay
+                        && !relay_server
+                        && peer_id != local
+                        && !reserving.contains(&peer_id)
+                        && let Some(addr) = dialed.get(&connection_id).filter(|a| !is_relayed(a))
+                    {
+                        let circuit = strip_peer(addr)
+                            .with(Protocol::P2p(peer_id))
+                            .with(Protocol::P2pCircuit);
+                        match swarm.listen_on(circuit.clone()) {
+                            Ok(_) => {
+                                tracing::debug!(%circuit, "asking {peer_id} for a relay reservation");
+                                reserving.insert(peer_id);
+                            }
+                            Err(e) => tracing::warn!(%circuit, "cannot ask for a relay reservation: {}", error_chain(&e)),
+                        }
+                    }
+                    // A rendezvous point: register there and ask it for
+                    // the run's members.
+                    if namespace.is_some()
+                        && peer_id != local
+                        && info.protocols.contains(&rendezvous::PROTOCOL_NAME)
+                    {
+                        points.entry(peer_id).or_insert(None);
+                        rendezvous_tick.reset_immediately();
+                    }
                     for addr in info.listen_addrs {
                         swarm.add_peer_address(peer_id, addr);
+                    }
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Rendezvous(rendezvous::client::Event::Discovered { registrations, .. })) => {
+                    for r in registrations {
+                        let peer = r.record.peer_id();
+                        if peer != local && !swarm.is_connected(&peer) {
+                            tracing::debug!(%peer, "found {peer} at a rendezvous point");
+                            dial_peer(&mut swarm, &mut relayed_dials, peer, r.record.addresses().to_vec());
+                        }
+                    }
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Rendezvous(rendezvous::client::Event::RegisterFailed { rendezvous_node, error, .. })) => {
+                    tracing::warn!(point = %rendezvous_node, "the rendezvous point {rendezvous_node} refused our registration: {error:?}");
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::RelayClient(relay::client::Event::ReservationReqAccepted { relay_peer_id, renewal: false, .. })) => {
+                    tracing::info!(relay = %relay_peer_id, "relay {relay_peer_id} accepted our reservation");
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Dcutr(dcutr::Event { remote_peer_id, result })) => {
+                    match result {
+                        Ok(_) => {
+                            tracing::info!(peer = %remote_peer_id, "direct connection to {remote_peer_id} by hole punching");
+                            reach.update(|r| {
+                                let entry = r.peers.entry(remote_peer_id).or_default();
+                                entry.punch_attempts += 1;
+                                entry.punch_successes += 1;
+                                entry.punch_error = None;
+                                entry.kind = Some(ConnectionKind::HolePunched);
+                            });
+                        }
+                        Err(e) => {
+                            let why = error_chain(&e);
+                            tracing::warn!(peer = %remote_peer_id, "no direct connection to {remote_peer_id}: the hole punch failed ({why}); it is reachable only through the relay, which carries no tensors");
+                            reach.update(|r| {
+                                let entry = r.peers.entry(remote_peer_id).or_default();
+                                entry.punch_attempts += 1;
+                                entry.punch_error = Some(why);
+                            });
+                        }
+                    }
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Autonat(autonat::v2::client::Event { tested_addr, server, result, .. })) => {
+                    match result {
+                        Ok(()) => {
+                            tracing::info!(%tested_addr, "reachable from outside at {tested_addr} (AutoNAT, confirmed by {server})");
+                            reach.update(|r| {
+                                r.unreachable.remove(&tested_addr);
+                                if !r.confirmed.contains(&tested_addr) {
+                                    r.confirmed.push(tested_addr);
+                                }
+                            });
+                        }
+                        Err(e) => {
+                            let why = format!("{e:?}");
+                            tracing::debug!(%tested_addr, "not reachable from outside at {tested_addr}: {why}");
+                            reach.update(|r| {
+                                r.unreachable.insert(tested_addr, why);
+                            });
+                        }
                     }
                 }
                 SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(found))) => {
@@ -431,6 +700,106 @@ pub(crate) async fn run_swarm(
         }
     }
     tracing::debug!("swarm task finished");
+}
+
+/// How long a direct dial goes first before the relayed addresses are
+/// dialed too.
+const RELAYED_DIAL_AFTER: Duration = Duration::from_secs(1);
+
+/// What the swarm task needs to know about NAT traversal.
+pub(crate) struct NatSetup {
+    pub reach: Reach,
+    /// This node serves as a relay (its listen addresses are external).
+    pub relay_server: bool,
+    /// Addresses the operator says we are reachable at.
+    pub external: Vec<Multiaddr>,
+    /// The run's rendezvous namespace ([`namespace_of`]); `None` for a
+    /// stand-alone relay, which registers nowhere.
+    pub namespace: Option<rendezvous::Namespace>,
+}
+
+/// The rendezvous namespace of a run: members register there on every
+/// rendezvous point (relay) they reach, and find each other there from one
+/// bootstrap address.
+pub(crate) fn namespace_of(run_id: &str) -> rendezvous::Namespace {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(run_id.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    rendezvous::Namespace::new(format!("slowmo/{hex}")).expect("39 bytes is a short namespace")
+}
+
+/// How often a discovering node asks its rendezvous points for the run's
+/// members, and how long a registration lasts before it is renewed.
+const DISCOVER_EVERY: Duration = Duration::from_secs(2);
+const REGISTER_EVERY: Duration = Duration::from_secs(3600);
+
+/// Dials `peer` at `addrs`: the direct addresses at once, QUIC first, and
+/// the relayed ones after [`RELAYED_DIAL_AFTER`] unless a connection came
+/// first (a dial to a private address behind someone else's NAT may hang
+/// until its timeout).
+fn dial_peer(
+    swarm: &mut Swarm<Behaviour>,
+    relayed_dials: &mut HashMap<PeerId, (tokio::time::Instant, Vec<Multiaddr>)>,
+    peer: PeerId,
+    addrs: Vec<Multiaddr>,
+) {
+    if peer == *swarm.local_peer_id() || swarm.is_connected(&peer) {
+        return;
+    }
+    let (relayed, mut addrs): (Vec<_>, Vec<_>) = addrs.into_iter().partition(is_relayed);
+    if !relayed.is_empty() {
+        let after = tokio::time::Instant::now() + RELAYED_DIAL_AFTER;
+        relayed_dials.insert(peer, (after, relayed));
+    }
+    if addrs.is_empty() {
+        return;
+    }
+    quic_first(&mut addrs);
+    for a in &addrs {
+        swarm.add_peer_address(peer, a.clone());
+    }
+    let opts = DialOpts::peer_id(peer)
+        .addresses(addrs)
+        .condition(PeerCondition::DisconnectedAndNotDialing)
+        .build();
+    if let Err(e) = swarm.dial(opts) {
+        tracing::debug!(%peer, "dial failed: {e}");
+    }
+}
+
+/// The relay in a relayed address (the peer id before `/p2p-circuit`).
+fn relay_of(addr: &Multiaddr) -> Option<PeerId> {
+    let mut relay = None;
+    for p in addr.iter() {
+        match p {
+            Protocol::P2p(id) => relay = Some(id),
+            Protocol::P2pCircuit => return relay,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// How `peer` is connected, from its open connections: direct if any is
+/// direct (hole-punched when a relayed one was open as it came), relayed if
+/// only relayed ones are.
+fn connection_kind(
+    opened: &HashMap<libp2p::swarm::ConnectionId, (PeerId, u64, bool)>,
+    peer: &PeerId,
+    punched: bool,
+) -> Option<ConnectionKind> {
+    let mut kind = None;
+    for (_, _, relayed) in opened.values().filter(|(p, _, _)| p == peer) {
+        if !relayed {
+            return Some(if punched {
+                ConnectionKind::HolePunched
+            } else {
+                ConnectionKind::Direct
+            });
+        }
+        kind = Some(ConnectionKind::Relayed);
+    }
+    kind
 }
 
 /// Raises the kernel buffers of a QUIC listener's UDP socket (see

@@ -241,6 +241,7 @@ pub(super) fn spawn_links(
                 view.number,
                 depth,
                 source,
+                StreamProtocol::new(protocol),
             )
         }
         None => Link::spawn(
@@ -266,7 +267,11 @@ pub(super) fn spawn_links(
 pub(super) fn with_peer_suffix(listen: &Mutex<Vec<Multiaddr>>, local: &PeerId) -> Vec<String> {
     lock(listen)
         .iter()
-        .map(|a| format!("{a}/p2p/{local}"))
+        .map(|a| match a.iter().last() {
+            // A relayed address names us already.
+            Some(libp2p::multiaddr::Protocol::P2p(p)) if p == *local => a.to_string(),
+            _ => format!("{a}/p2p/{local}"),
+        })
         .collect()
 }
 

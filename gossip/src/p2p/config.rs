@@ -67,6 +67,15 @@ pub struct P2pConfig {
     pub identity_file: Option<PathBuf>,
     /// Also discover peers on the local network by mDNS.
     pub mdns: bool,
+    /// Serve as a relay (circuit relay v2) and AutoNAT server for nodes
+    /// behind NATs. A relay must be reachable at its listen addresses (or
+    /// at `external_addrs`); relayed connections carry the control plane
+    /// and the hole punch, not tensors.
+    pub relay: bool,
+    /// Addresses at which this node is reachable from outside (a forwarded
+    /// port, a public IP the machine does not see), taken as confirmed: they
+    /// go in the hellos and in relay reservations.
+    pub external_addrs: Vec<String>,
     /// The run starts once this many verified peers (including this one)
     /// agree on the same member list.
     pub nodes: usize,
@@ -225,6 +234,8 @@ impl P2pConfig {
             bootstrap: Vec::new(),
             identity_file: None,
             mdns: false,
+            relay: false,
+            external_addrs: Vec::new(),
             nodes,
             min_nodes: 1,
             join_timeout: Duration::from_secs(60),

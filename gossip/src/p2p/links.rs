@@ -48,7 +48,7 @@ impl Link {
         depth: usize,
     ) -> Self {
         let (queue, rx) = mpsc::channel(depth.max(1));
-        let task = tokio::spawn(run_link(shared, control, peer, protocol, rx));
+        let task = tokio::spawn(run_link(shared, control, peer, protocol, rx, None));
         Self { peer, queue, task }
     }
 }
@@ -75,16 +75,22 @@ async fn open(
     }
 }
 
-async fn run_link(
+/// Sends `first` (if any), then what comes on `rx`, over one stream at a
+/// time (also the data lane's way to a peer it cannot dial).
+pub(crate) async fn run_link(
     shared: Arc<Shared>,
     mut control: libp2p_stream::Control,
     peer: PeerId,
     protocol: StreamProtocol,
     mut rx: mpsc::Receiver<Outgoing>,
+    mut first: Option<Outgoing>,
 ) {
     let mut stream: Option<Stream> = None;
     let give_up_after = shared.cfg.peer_timeout;
-    while let Some(msg) = rx.recv().await {
+    while let Some(msg) = match first.take() {
+        Some(m) => Some(m),
+        None => rx.recv().await,
+    } {
         send_one(&shared, &mut control, peer, &protocol, &mut stream, &msg).await;
         // The last link done with a payload hands its buffer back.
         if let Ok(buf) = Arc::try_unwrap(msg.payload) {

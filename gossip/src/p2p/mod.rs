@@ -50,6 +50,8 @@ mod links;
 mod membership;
 mod observe;
 mod payload;
+pub mod reach;
+mod relay;
 mod run_id;
 mod start;
 mod state;
@@ -69,5 +71,6 @@ pub use config::{
 };
 pub use counters::{PeerTraffic, reason_name};
 pub use observe::P2pObserver;
+pub use relay::RelayServer;
 pub use run_id::{MAX_RUN_ID_BYTES, check_run_id};
 pub use start::PendingJoin;

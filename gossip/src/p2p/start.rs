@@ -40,6 +40,7 @@ impl P2pComm {
             .map_err(|e| CommError::Config(format!("p2p config: {e}")))?;
         let listen_addrs = parse_addrs("listen", &cfg.listen)?;
         let bootstrap = parse_addrs("bootstrap", &cfg.bootstrap)?;
+        let external = parse_addrs("external address", &cfg.external_addrs)?;
         let keypair = identity::load_or_create(cfg.identity_file.as_deref())?;
         let local = keypair.public().to_peer_id();
         cfg.admission
@@ -105,6 +106,12 @@ impl P2pComm {
                 listen.clone(),
                 bootstrap,
                 metrics,
+                behaviour::NatSetup {
+                    reach: shared.reach.clone(),
+                    relay_server: cfg.relay,
+                    external,
+                    namespace: Some(behaviour::namespace_of(&cfg.run.run_id)),
+                },
             ));
             // Hellos carry our addresses: wait until the listeners are up.
             let until = Instant::now() + Duration::from_secs(5);

@@ -132,6 +132,9 @@ pub(crate) struct Shared {
     offences: Mutex<HashMap<PeerId, u32>>,
     /// Warnings about peer input, rate-limited by kind.
     pub warnings: Throttle,
+    /// How we are reached and how we reach each peer (the swarm task keeps
+    /// it).
+    pub reach: super::reach::Reach,
 }
 
 impl Shared {
@@ -162,6 +165,7 @@ impl Shared {
             alarm: Mutex::new(Alarm::default()),
             offences: Mutex::new(HashMap::new()),
             warnings: Throttle::default(),
+            reach: Default::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_sim;
 pub mod node;
+pub mod relay;
 pub mod run;
 pub mod simulate;
 pub mod study;

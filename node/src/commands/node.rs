@@ -50,6 +50,16 @@ pub struct NodeArgs {
     /// Discover peers on the local network with mDNS.
     #[arg(long)]
     pub mdns: bool,
+    /// Also serve as a relay for nodes behind NATs (they take a reservation
+    /// here, and their hole punches start from connections relayed here).
+    /// The node must be reachable at its listen addresses (or at
+    /// --external-address).
+    #[arg(long)]
+    pub relay: bool,
+    /// An address this node is reachable at besides its listen addresses
+    /// (repeatable): a public IP the machine does not see, a forwarded port.
+    #[arg(long)]
+    pub external_address: Vec<String>,
     /// Seconds to wait for all nodes to join (and, below --min-nodes, for
     /// joiners).
     #[arg(long, default_value_t = 120)]
@@ -223,6 +233,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     p2p.bootstrap = args.bootstrap.clone();
     p2p.identity_file = args.identity.clone();
     p2p.mdns = args.mdns;
+    p2p.relay = args.relay;
+    p2p.external_addrs = args.external_address.clone();
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
     p2p.min_nodes = args.min_nodes;
     p2p.peer_timeout = Duration::from_secs(args.peer_timeout);

@@ -118,14 +118,17 @@ pub(crate) async fn open(
                 ));
                 writers.push(tx);
             }
+            Err(e) if writers.is_empty() => {
+                // Not even one: the port cannot be dialed from here (a
+                // peer behind a NAT), and the others would fail alike.
+                tracing::warn!(peer = %session.peer, "no data lane connection to {} could be opened: {e}", session.peer);
+                session.set_unreachable(e);
+                return;
+            }
             Err(e) => {
                 tracing::warn!(peer = %session.peer, "data lane connection {index} to {} failed: {e}", session.peer);
             }
         }
-    }
-    if writers.is_empty() {
-        tracing::error!(peer = %session.peer, "no data lane connection to {} could be opened", session.peer);
-        return;
     }
     tracing::debug!(peer = %session.peer, connections = writers.len(), "data lane up");
     session.set_writers(writers);

@@ -100,6 +100,9 @@ pub(crate) struct Session {
     peer_addrs: Mutex<Vec<String>>,
     /// A liveness probe is under way (one at a time).
     probing: std::sync::atomic::AtomicBool,
+    /// Why none of our connections to the peer could be dialed (a peer
+    /// behind a NAT): our frames to it take the libp2p connection instead.
+    unreachable: Mutex<Option<String>>,
 }
 
 /// The lanes of one node: the listener and a session per peer.
@@ -133,7 +136,11 @@ pub const LANE_CONNECTION_BUDGET: usize = 16;
 /// protocol suspects it).
 pub(crate) type LossHook = Box<dyn Fn(&PeerId, &str) + Send + Sync>;
 
+/// The IP of a direct address (a relayed one's is the relay's).
 fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
+    if super::reach::is_relayed(addr) {
+        return None;
+    }
     addr.iter().find_map(|p| match p {
         Protocol::Ip4(ip) => Some(IpAddr::V4(ip)),
         Protocol::Ip6(ip) => Some(IpAddr::V6(ip)),
@@ -344,7 +351,8 @@ impl Lanes {
         }
     }
 
-    /// Waits up to `wait` for our connections to `peer` in `view` to be up.
+    /// Waits up to `wait` for our connections to `peer` in `view` to be up,
+    /// or found impossible to dial ([`Session::unreachable`]).
     pub async fn ready(&self, peer: &PeerId, view: u64, wait: Duration) -> Option<Arc<Session>> {
         let until = tokio::time::Instant::now() + wait;
         loop {
@@ -353,7 +361,7 @@ impl Lanes {
             if let Some(s) = session {
                 let waker = s.clone();
                 let ready = waker.ready.notified();
-                if !lock(&s.writers).is_empty() {
+                if !lock(&s.writers).is_empty() || s.unreachable().is_some() {
                     return Some(s);
                 }
                 tokio::select! {
@@ -411,6 +419,7 @@ impl Session {
             shares: ShareAssembly::new(shared.cfg.round_window),
             peer_addrs: Mutex::new(Vec::new()),
             probing: std::sync::atomic::AtomicBool::new(false),
+            unreachable: Mutex::new(None),
         })
     }
 
@@ -421,6 +430,18 @@ impl Session {
         }
         *lock(&self.writers) = writers;
         self.ready.notify_waiters();
+    }
+
+    /// None of our connections could be dialed: senders take the libp2p
+    /// connection.
+    pub(crate) fn set_unreachable(&self, why: String) {
+        *lock(&self.unreachable) = Some(why);
+        self.ready.notify_waiters();
+    }
+
+    /// Why the peer's lane port cannot be dialed, if it cannot.
+    pub(crate) fn unreachable(&self) -> Option<String> {
+        lock(&self.unreachable).clone()
     }
 
     /// Ends the session at once: the writers stop after what they hold.
@@ -534,6 +555,8 @@ pub(crate) enum LaneSource {
     OnDemand,
 }
 
+/// A link to `peer` over the lane; `protocol` is the libp2p protocol its
+/// frames take when the peer's lane port cannot be dialed.
 pub(crate) fn spawn_link(
     shared: Arc<Shared>,
     lanes: Arc<Lanes>,
@@ -541,10 +564,40 @@ pub(crate) fn spawn_link(
     view: u64,
     depth: usize,
     source: LaneSource,
+    protocol: libp2p::StreamProtocol,
 ) -> Link {
     let (queue, rx) = mpsc::channel(depth.max(1));
-    let task = tokio::spawn(run_link(shared, lanes, peer, view, rx, source));
+    let task = tokio::spawn(run_link(shared, lanes, peer, view, rx, source, protocol));
     Link { peer, queue, task }
+}
+
+/// How long a link waits for a hole punch under way before it calls a
+/// peer reachable only through a relay.
+const DIRECT_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits (up to [`DIRECT_WAIT`]) until our connection to `peer` is not a
+/// relayed one; `false` if it still is.
+async fn wait_direct(shared: &Shared, peer: &PeerId) -> bool {
+    let until = tokio::time::Instant::now() + DIRECT_WAIT;
+    loop {
+        if shared.reach.kind_of(peer) != Some(super::reach::ConnectionKind::Relayed) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Gives the payloads of a link's frames back to the pool, unsent.
+async fn drain(shared: &Shared, first: Option<Outgoing>, rx: &mut mpsc::Receiver<Outgoing>) {
+    drop(first);
+    while let Some(msg) = rx.recv().await {
+        if let Ok(buf) = Arc::try_unwrap(msg.payload) {
+            shared.pool.give(buf);
+        }
+    }
 }
 
 async fn run_link(
@@ -554,6 +607,7 @@ async fn run_link(
     view: u64,
     mut rx: mpsc::Receiver<Outgoing>,
     source: LaneSource,
+    protocol: libp2p::StreamProtocol,
 ) {
     let wait = shared.cfg.peer_timeout.max(shared.cfg.join_timeout);
     let mut first = None;
@@ -567,14 +621,28 @@ async fn run_link(
     }
     let Some(session) = lanes.ready(&peer, view, wait).await else {
         tracing::error!(%peer, "no data lane to {peer} in view {view} within {wait:?}; its frames are dropped");
-        drop(first);
-        while let Some(msg) = rx.recv().await {
-            if let Ok(buf) = Arc::try_unwrap(msg.payload) {
-                shared.pool.give(buf);
-            }
-        }
+        drain(&shared, first, &mut rx).await;
         return;
     };
+    if let Some(why) = session.unreachable() {
+        // Behind a NAT: the frames take our libp2p connection, once it is
+        // direct (hole-punched); a relay carries no tensors.
+        if !wait_direct(&shared, &peer).await {
+            let punch = shared
+                .reach
+                .snapshot()
+                .peers
+                .get(&peer)
+                .and_then(|p| p.punch_error.clone())
+                .unwrap_or_else(|| "no hole punch succeeded".into());
+            tracing::error!(%peer, "{peer} is reachable only through a relay ({punch}) and its lane port cannot be dialed ({why}); relays carry no tensors, so its frames are dropped");
+            drain(&shared, first, &mut rx).await;
+            return;
+        }
+        tracing::info!(%peer, "{peer}'s lane port cannot be dialed ({why}); its frames take the direct libp2p connection");
+        crate::p2p::links::run_link(shared, lanes.control.clone(), peer, protocol, rx, first).await;
+        return;
+    }
     session.users.fetch_add(1, Ordering::SeqCst);
     while let Some(msg) = match first.take() {
         Some(m) => Some(m),

@@ -1,0 +1,168 @@
+//! Reachability across NATs: what this node knows of how it is reached and
+//! how it reaches each peer.
+//!
+//! A node behind a NAT cannot be dialed. It takes a reservation on a relay
+//! (any member started with `relay`, or a stand-alone `slowmo relay`) and
+//! announces the relayed address (`.../p2p/<relay>/p2p-circuit`) in its
+//! hellos; a peer that cannot dial it directly dials that address, and
+//! DCUtR then punches a direct connection through both NATs (TCP
+//! simultaneous open, or QUIC), which replaces the relayed one. Tensors go
+//! over direct connections only: relayed connections carry the control
+//! plane, and a peer reachable only through a relay is named as such.
+//!
+//! [`Reach`] is the state the swarm task keeps of all this, for the log,
+//! the metrics, the summary and `slowmo doctor`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use libp2p::multiaddr::Protocol;
+use libp2p::{Multiaddr, PeerId};
+
+use crate::sync::lock;
+
+/// How we are connected to a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ConnectionKind {
+    /// A connection one side dialed straight to the other's address.
+    Direct,
+    /// A direct connection opened by hole punching (DCUtR) from a relayed
+    /// one.
+    HolePunched,
+    /// Only through a relay.
+    Relayed,
+}
+
+impl ConnectionKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnectionKind::Direct => "direct",
+            ConnectionKind::HolePunched => "hole-punched",
+            ConnectionKind::Relayed => "relayed",
+        }
+    }
+}
+
+/// One peer's connection as [`Reach`] records it.
+#[derive(Debug, Clone, Default)]
+pub struct PeerReach {
+    /// `None` while no connection is open.
+    pub kind: Option<ConnectionKind>,
+    /// Hole punches tried with this peer, and how many succeeded.
+    pub punch_attempts: u64,
+    pub punch_successes: u64,
+    /// Why the last punch failed.
+    pub punch_error: Option<String>,
+}
+
+/// What this node knows of its reachability.
+#[derive(Debug, Clone, Default)]
+pub struct ReachState {
+    /// This node serves as a relay (and AutoNAT server) for others.
+    pub relay_server: bool,
+    /// Relays holding a reservation for us, with the address peers reach us
+    /// through.
+    pub reservations: BTreeMap<PeerId, Multiaddr>,
+    /// Reservations a relay refused, with the reason.
+    pub reservation_errors: BTreeMap<PeerId, String>,
+    /// Our addresses as peers observe them (identify), the NAT's side.
+    pub observed: Vec<Multiaddr>,
+    /// External addresses confirmed reachable (AutoNAT v2 dial-backs, or
+    /// given by the operator).
+    pub confirmed: Vec<Multiaddr>,
+    /// Addresses AutoNAT v2 found unreachable, with the reason.
+    pub unreachable: BTreeMap<Multiaddr, String>,
+    /// Per peer: its connection and its hole punches.
+    pub peers: BTreeMap<PeerId, PeerReach>,
+}
+
+impl ReachState {
+    /// Per connection kind, the peers connected that way.
+    pub fn kinds(&self) -> BTreeMap<ConnectionKind, usize> {
+        let mut out = BTreeMap::new();
+        for kind in self.peers.values().filter_map(|p| p.kind) {
+            *out.entry(kind).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Hole punches tried and succeeded, over all peers.
+    pub fn punches(&self) -> (u64, u64) {
+        self.peers.values().fold((0, 0), |(a, s), p| {
+            (a + p.punch_attempts, s + p.punch_successes)
+        })
+    }
+}
+
+/// Shared between the swarm task and whoever reports.
+#[derive(Debug, Clone, Default)]
+pub struct Reach(Arc<Mutex<ReachState>>);
+
+impl Reach {
+    pub fn snapshot(&self) -> ReachState {
+        lock(&self.0).clone()
+    }
+
+    pub(crate) fn update<T>(&self, f: impl FnOnce(&mut ReachState) -> T) -> T {
+        f(&mut lock(&self.0))
+    }
+
+    /// The kind of our connection to `peer`, if one is open.
+    pub fn kind_of(&self, peer: &PeerId) -> Option<ConnectionKind> {
+        lock(&self.0).peers.get(peer).and_then(|p| p.kind)
+    }
+}
+
+/// Whether `addr` goes through a relay (`/p2p-circuit`).
+pub(crate) fn is_relayed(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| matches!(p, Protocol::P2pCircuit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_circuit_address_is_relayed_and_a_plain_one_is_not() {
+        let relayed: Multiaddr = "/ip4/192.0.2.1/tcp/4001/p2p/12D3KooWLRPJAA5o6XxYT6eQhw7H6E1W6mgAy5K3Ty2TBcKTEBhc/p2p-circuit"
+            .parse()
+            .unwrap();
+        let plain: Multiaddr = "/ip4/192.0.2.1/udp/4001/quic-v1".parse().unwrap();
+        assert!(is_relayed(&relayed));
+        assert!(!is_relayed(&plain));
+    }
+
+    #[test]
+    fn kinds_and_punches_sum_over_peers() {
+        let reach = Reach::default();
+        let (a, b, c) = (PeerId::random(), PeerId::random(), PeerId::random());
+        reach.update(|s| {
+            s.peers.insert(
+                a,
+                PeerReach {
+                    kind: Some(ConnectionKind::HolePunched),
+                    punch_attempts: 2,
+                    punch_successes: 1,
+                    punch_error: None,
+                },
+            );
+            s.peers.insert(
+                b,
+                PeerReach {
+                    kind: Some(ConnectionKind::Relayed),
+                    punch_attempts: 3,
+                    ..Default::default()
+                },
+            );
+            s.peers.insert(c, PeerReach::default());
+        });
+        let state = reach.snapshot();
+        assert_eq!(state.punches(), (5, 1));
+        let kinds = state.kinds();
+        assert_eq!(kinds.get(&ConnectionKind::HolePunched), Some(&1));
+        assert_eq!(kinds.get(&ConnectionKind::Relayed), Some(&1));
+        assert_eq!(kinds.get(&ConnectionKind::Direct), None);
+        assert_eq!(reach.kind_of(&b), Some(ConnectionKind::Relayed));
+        assert_eq!(reach.kind_of(&c), None);
+    }
+}
