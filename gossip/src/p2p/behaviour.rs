@@ -644,6 +644,16 @@ pub(crate) async fn run_swarm(
                     match result {
                         Ok(_) => {
                             tracing::info!(peer = %remote_peer_id, "direct connection to {remote_peer_id} by hole punching");
+                            // Streams opened from now on must not take
+                            // the relay.
+                            let relayed: Vec<_> = opened
+                                .iter()
+                                .filter(|(_, (p, _, r))| *p == remote_peer_id && *r)
+                                .map(|(c, _)| *c)
+                                .collect();
+                            for c in relayed {
+                                swarm.close_connection(c);
+                            }
                             reach.update(|r| {
                                 let entry = r.peers.entry(remote_peer_id).or_default();
                                 entry.punch_attempts += 1;

@@ -48,7 +48,7 @@ impl Link {
         depth: usize,
     ) -> Self {
         let (queue, rx) = mpsc::channel(depth.max(1));
-        let task = tokio::spawn(run_link(shared, control, peer, protocol, rx, None));
+        let task = tokio::spawn(run_link(shared, control, peer, protocol, rx, None, false));
         Self { peer, queue, task }
     }
 }
@@ -76,7 +76,9 @@ async fn open(
 }
 
 /// Sends `first` (if any), then what comes on `rx`, over one stream at a
-/// time (also the data lane's way to a peer it cannot dial).
+/// time (also the data lane's way to a peer it cannot dial, whose frames
+/// were made for the lane: `fill_checksum` gives them the checksum libp2p
+/// streams carry and the authenticated lane does without).
 pub(crate) async fn run_link(
     shared: Arc<Shared>,
     mut control: libp2p_stream::Control,
@@ -84,13 +86,23 @@ pub(crate) async fn run_link(
     protocol: StreamProtocol,
     mut rx: mpsc::Receiver<Outgoing>,
     mut first: Option<Outgoing>,
+    fill_checksum: bool,
 ) {
     let mut stream: Option<Stream> = None;
     let give_up_after = shared.cfg.peer_timeout;
-    while let Some(msg) = match first.take() {
+    while let Some(mut msg) = match first.take() {
         Some(m) => Some(m),
         None => rx.recv().await,
     } {
+        if fill_checksum {
+            match with_checksum(&msg) {
+                Ok(header) => msg.header = header,
+                Err(e) => {
+                    tracing::error!(%peer, "a frame to {peer} has a bad header: {e}");
+                    continue;
+                }
+            }
+        }
         send_one(&shared, &mut control, peer, &protocol, &mut stream, &msg).await;
         // The last link done with a payload hands its buffer back.
         if let Ok(buf) = Arc::try_unwrap(msg.payload) {
@@ -156,6 +168,14 @@ async fn send_one(
             }
         }
     }
+}
+
+/// The frame's header with the payload's checksum filled in.
+fn with_checksum(msg: &Outgoing) -> Result<Vec<u8>, String> {
+    let mut header: super::wire::Header =
+        cbor4ii::serde::from_slice(&msg.header[4..]).map_err(|e| format!("decoding it: {e}"))?;
+    header.checksum = super::payload::checksum(&msg.payload);
+    Ok(super::wire::encode_header(&header))
 }
 
 /// Closes our side and waits for the receiver's confirmation that it read

@@ -640,7 +640,16 @@ async fn run_link(
             return;
         }
         tracing::info!(%peer, "{peer}'s lane port cannot be dialed ({why}); its frames take the direct libp2p connection");
-        crate::p2p::links::run_link(shared, lanes.control.clone(), peer, protocol, rx, first).await;
+        crate::p2p::links::run_link(
+            shared,
+            lanes.control.clone(),
+            peer,
+            protocol,
+            rx,
+            first,
+            true,
+        )
+        .await;
         return;
     }
     session.users.fetch_add(1, Ordering::SeqCst);
