@@ -5,7 +5,8 @@
 #   hK-J  host J behind router K (192.168.K.(J+1)), default route via rK
 # Routers masquerade what leaves their WAN: endpoint-independent mapping,
 # as common home routers do; with NAT_KIND=symmetric a random port per
-# connection (symmetric NAT); unasked packets on the WAN are dropped.
+# connection (symmetric NAT; NAT_KIND="cone symmetric" sets each router's
+# kind in turn); unasked packets on the WAN are dropped.
 # Namespaces are prefixed with $PREFIX.
 # usage: netns.sh up NATS HOSTS_PER_NAT | netns.sh down
 set -euo pipefail
@@ -38,8 +39,11 @@ for k in $(seq 1 "$nats"); do
   ex $r ip link add lan type bridge
   ex $r ip addr add "192.168.$k.1/24" dev lan
   ex $r ip link set lan up
+  # NAT_KIND: one kind for every router, or one per router ("cone symmetric")
+  kinds=(${NAT_KIND:-cone})
+  kind=${kinds[$(( (k - 1) % ${#kinds[@]} ))]}
   random=""
-  [ "${NAT_KIND:-cone}" = symmetric ] && random="random"
+  [ "$kind" = symmetric ] && random="random"
   # Like a home router: what comes in on the WAN unasked (no mapping yet)
   # is dropped without an answer (a reset would end a hole punch whose
   # first packet arrives before the router's own one left).

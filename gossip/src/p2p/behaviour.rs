@@ -527,6 +527,9 @@ pub(crate) async fn run_swarm(
                     opened.insert(connection_id, (peer_id, opened_count, relayed));
                     let kind = connection_kind(&opened, &peer_id, had_relayed);
                     reach.update(|r| {
+                        if !relayed {
+                            r.relay_only.remove(&peer_id);
+                        }
                         let entry = r.peers.entry(peer_id).or_default();
                         // Once punched, a peer stays punched while a direct
                         // connection is open.

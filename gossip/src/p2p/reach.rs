@@ -74,6 +74,10 @@ pub struct ReachState {
     pub unreachable: BTreeMap<Multiaddr, String>,
     /// Per peer: its connection and its hole punches.
     pub peers: BTreeMap<PeerId, PeerReach>,
+    /// Peers reachable only through a relay, whose lane port cannot be
+    /// dialed either: no tensor can go there, so they are left out of the
+    /// run (their join requests refused) until a direct connection opens.
+    pub relay_only: BTreeMap<PeerId, String>,
 }
 
 impl ReachState {

@@ -635,7 +635,15 @@ async fn run_link(
                 .get(&peer)
                 .and_then(|p| p.punch_error.clone())
                 .unwrap_or_else(|| "no hole punch succeeded".into());
-            tracing::error!(%peer, "{peer} is reachable only through a relay ({punch}) and its lane port cannot be dialed ({why}); relays carry no tensors, so its frames are dropped");
+            tracing::error!(%peer, "{peer} is reachable only through a relay ({punch}) and its lane port cannot be dialed ({why}); relays carry no tensors, so the run goes on without it");
+            let reason =
+                format!("it is reachable only through a relay ({punch}), which carries no tensors");
+            shared
+                .reach
+                .update(|r| r.relay_only.insert(peer, reason.clone()));
+            if let Some(hook) = lanes.on_loss.get() {
+                hook(&peer, &reason);
+            }
             drain(&shared, first, &mut rx).await;
             return;
         }

@@ -203,6 +203,9 @@ fn on_view_msg(
             if !membership.is_verified(&peer) {
                 return Err("join request from a peer that did not pass the handshake".into());
             }
+            if let Some(why) = shared.reach.snapshot().relay_only.get(&peer) {
+                return Err(format!("join request refused: {why}"));
+            }
             let fresh = lock(&board.0).fresh.contains(&peer);
             if fresh {
                 // Admitted already: it has not heard yet.
