@@ -334,6 +334,9 @@ pub(crate) async fn run_swarm(
     // direct dial has had its head start.
     let mut relayed_dials: HashMap<PeerId, (tokio::time::Instant, Vec<Multiaddr>)> = HashMap::new();
     let mut sweep = tokio::time::interval(Duration::from_millis(500));
+    // Direct dials tried beside a relayed connection: their failure is
+    // expected, not worth a warning.
+    let mut speculative: HashSet<libp2p::swarm::ConnectionId> = HashSet::new();
     let mut discovering = true;
     // Remote addresses of our outbound connections, to know which bootstrap
     // entries are reached.
@@ -510,6 +513,7 @@ pub(crate) async fn run_swarm(
                     lock(&listen_addrs).retain(|a| a != &address);
                 }
                 SwarmEvent::ConnectionEstablished { peer_id, connection_id, endpoint, .. } => {
+                    speculative.remove(&connection_id);
                     let relayed = endpoint.is_relayed();
                     let dialed_addr = match endpoint {
                         ConnectedPoint::Dialer { address, .. } => Some(address),
@@ -568,6 +572,9 @@ pub(crate) async fn run_swarm(
                         let _ = events.send(NetEvent::SameIdentity { address, outbound: true });
                     }
                 }
+                SwarmEvent::OutgoingConnectionError { peer_id, connection_id, error } if speculative.remove(&connection_id) => {
+                    tracing::debug!(?peer_id, "no direct path beside the relay: {}", error_chain(&error));
+                }
                 SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                     log_dial_error(peer_id, &error, &mut dial_errors);
                 }
@@ -623,6 +630,30 @@ pub(crate) async fn run_swarm(
                     {
                         points.entry(peer_id).or_insert(None);
                         rendezvous_tick.reset_immediately();
+                    }
+                    // Reached through a relay: it may be on our own LAN
+                    // (behind the same NAT, which seldom hairpins), where
+                    // its listen addresses answer. Elsewhere these dials
+                    // fail as expected, and the hole punch is the way.
+                    let through_relay = opened.get(&connection_id).is_some_and(|(_, _, r)| *r);
+                    if through_relay && peer_id != local {
+                        let mut direct: Vec<Multiaddr> = info
+                            .listen_addrs
+                            .iter()
+                            .filter(|a| !is_relayed(a) && !is_loopback(a))
+                            .cloned()
+                            .collect();
+                        if !direct.is_empty() {
+                            quic_first(&mut direct);
+                            let opts = DialOpts::peer_id(peer_id)
+                                .addresses(direct)
+                                .condition(PeerCondition::Always)
+                                .build();
+                            speculative.insert(opts.connection_id());
+                            if let Err(e) = swarm.dial(opts) {
+                                tracing::debug!(peer = %peer_id, "direct dial beside a relay failed: {e}");
+                            }
+                        }
                     }
                     for addr in info.listen_addrs {
                         swarm.add_peer_address(peer_id, addr);
@@ -778,6 +809,15 @@ fn dial_peer(
     if let Err(e) = swarm.dial(opts) {
         tracing::debug!(%peer, "dial failed: {e}");
     }
+}
+
+/// Whether `addr` is a loopback address (it reaches only this machine).
+fn is_loopback(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| match p {
+        Protocol::Ip4(ip) => ip.is_loopback(),
+        Protocol::Ip6(ip) => ip.is_loopback(),
+        _ => false,
+    })
 }
 
 /// The relay in a relayed address (the peer id before `/p2p-circuit`).

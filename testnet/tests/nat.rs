@@ -1,0 +1,408 @@
+//! Nodes behind NATs, on one machine: network namespaces joined by veth
+//! pairs, a public segment with a relay, and private segments each behind
+//! its own NAT router (nftables masquerade, unasked packets dropped, as a
+//! home router does; `tools/nat/netns.sh` builds it). The nodes find each
+//! other from the relay's one address (its rendezvous point), punch direct
+//! connections through both NATs (DCUtR), send tensors over them (the data
+//! lane cannot dial a private address, so the frames take the punched
+//! libp2p connection), and end with parameter files byte-identical to the
+//! simulator's. Behind a symmetric NAT no punch succeeds: the peer is named
+//! with the reason and the run goes on without it.
+//!
+//! Needs root (`ip netns`, nftables); elsewhere the tests say they are
+//! skipped, and under CI=true they fail instead.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+mod local_support;
+use local_support::{read_json, slowmo_bin};
+
+/// The namespaces of one test; removed when dropped.
+struct Internet {
+    prefix: String,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/nat/netns.sh")
+}
+
+impl Internet {
+    /// `nats` private segments of `hosts` each; `kinds`: the routers'
+    /// kinds in turn (`cone`, `symmetric`). `None` (the test is skipped)
+    /// where namespaces cannot be made, outside CI.
+    fn up(test: &str, tag: &str, nats: usize, hosts: usize, kinds: &str) -> Option<Self> {
+        let prefix = format!("s{}{tag}", std::process::id() % 100_000);
+        let probe = format!("{prefix}-probe");
+        let made = Command::new("ip")
+            .args(["netns", "add", &probe])
+            .stderr(Stdio::piped())
+            .output();
+        match made {
+            Ok(out) if out.status.success() => {
+                let _ = Command::new("ip").args(["netns", "del", &probe]).status();
+            }
+            other => {
+                let why = match other {
+                    Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                    Err(e) => format!("cannot run ip: {e}"),
+                };
+                assert!(
+                    std::env::var("CI").map_or(true, |v| v != "true"),
+                    "CI=true but network namespaces cannot be made ({why}): {test} cannot run"
+                );
+                println!(
+                    "SKIPPED {test}: network namespaces cannot be made here ({why}; run as root)"
+                );
+                return None;
+            }
+        }
+        let net = Internet { prefix };
+        let status = Command::new("bash")
+            .arg(script())
+            .args(["up", &nats.to_string(), &hosts.to_string()])
+            .env("PREFIX", &net.prefix)
+            .env("NAT_KIND", kinds)
+            .status()
+            .expect("running tools/nat/netns.sh");
+        assert!(status.success(), "building the namespaces failed");
+        Some(net)
+    }
+
+    /// `slowmo args...` in namespace `ns` (`inet`, `hK-J`), logging to
+    /// `log`.
+    fn spawn(&self, ns: &str, args: &[String], log: &Path) -> Child {
+        let file = std::fs::File::create(log).unwrap();
+        Command::new("ip")
+            .args(["netns", "exec", &format!("{}-{ns}", self.prefix)])
+            .arg("env")
+            .args(["RAYON_NUM_THREADS=1", "RUST_LOG=info,libp2p=warn"])
+            .arg(slowmo_bin())
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("starting slowmo in a namespace")
+    }
+}
+
+impl Drop for Internet {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("down")
+            .env("PREFIX", &self.prefix)
+            .status();
+    }
+}
+
+/// The flags of every run here: SlowMo over SGP, a small MLP.
+fn train_flags(steps: u64) -> Vec<String> {
+    [
+        "--base",
+        "sgp",
+        "--steps",
+        &steps.to_string(),
+        "--eval-every",
+        "0",
+        "--hidden",
+        "32",
+        "--batch-size",
+        "16",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// `slowmo node` flags of a node at `ip`, listening on `port` (QUIC and
+/// TCP). Hosts behind one NAT listen on ports of their own, as they would
+/// with ports forwarded: a NAT that maps two hosts' same port keeps only
+/// one of them at its own port, and the other's punches leave from a port
+/// its peers never observed.
+fn node_flags(
+    ip: &str,
+    port: u16,
+    nodes: usize,
+    bootstrap: &str,
+    dir: &Path,
+    name: &str,
+) -> Vec<String> {
+    let mut f: Vec<String> = vec![
+        "node".into(),
+        "--nodes".into(),
+        nodes.to_string(),
+        "--listen".into(),
+        format!("/ip4/{ip}/udp/{port}/quic-v1"),
+        "--listen".into(),
+        format!("/ip4/{ip}/tcp/{port}"),
+        "--threads".into(),
+        "1".into(),
+        "--join-timeout".into(),
+        "60".into(),
+        "--peer-timeout".into(),
+        "20".into(),
+        "--save-params".into(),
+        dir.join(format!("{name}.safetensors"))
+            .display()
+            .to_string(),
+        "--summary-json".into(),
+        dir.join(format!("{name}.json")).display().to_string(),
+    ];
+    if !bootstrap.is_empty() {
+        f.extend(["--bootstrap".into(), bootstrap.into()]);
+    }
+    f
+}
+
+/// The relay's identity file and the peer id it gives (`slowmo run
+/// peer-id`), so that nodes can be given its address before it starts.
+fn relay_identity(dir: &Path) -> (PathBuf, String) {
+    let key = dir.join("relay.key");
+    let out = Command::new(slowmo_bin())
+        .args(["run", "peer-id", "--identity"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "slowmo run peer-id: {out:?}");
+    let id = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .last()
+        .expect("a peer id")
+        .to_string();
+    (key, id)
+}
+
+/// The simulator's parameter file for `workers` and `flags`.
+fn simulate(dir: &Path, workers: usize, flags: &[String]) -> Vec<u8> {
+    let path = dir.join("sim.safetensors");
+    let status = Command::new(slowmo_bin())
+        .args(["simulate", "--quiet", "--workers", &workers.to_string()])
+        .args(flags)
+        .arg("--save-params")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "simulate {flags:?}");
+    std::fs::read(&path).unwrap()
+}
+
+fn log_of(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+}
+
+/// Waits for every node; a node that fails shows its log.
+fn wait_all(dir: &Path, nodes: Vec<(String, Child)>) -> Vec<(String, bool)> {
+    nodes
+        .into_iter()
+        .map(|(name, mut child)| {
+            let ok = child.wait().unwrap().success();
+            (name, ok)
+        })
+        .inspect(|(name, ok)| {
+            if !ok {
+                eprintln!("--- {name} failed; its log:\n{}", log_of(dir, name));
+            }
+        })
+        .collect()
+}
+
+/// Every NATed node found the others, punched through, and wrote the
+/// simulator's parameters.
+fn check_run(dir: &Path, names: &[String], nated: &[String], sim: &[u8]) {
+    for name in names {
+        let params = std::fs::read(dir.join(format!("{name}.safetensors"))).unwrap_or_else(|e| {
+            panic!(
+                "{name}: no parameter file ({e}); log:\n{}",
+                log_of(dir, name)
+            )
+        });
+        assert!(
+            params == sim,
+            "{name}'s parameter file differs from the simulator's; log:\n{}",
+            log_of(dir, name)
+        );
+        let summary = read_json(&dir.join(format!("{name}.json")));
+        assert_eq!(summary["completed"], true, "{name}: {summary}");
+    }
+    for name in nated {
+        let log = log_of(dir, name);
+        assert!(
+            log.contains("by hole punching"),
+            "{name} never punched a direct connection; log:\n{log}"
+        );
+        assert!(
+            log.contains("its frames take the direct libp2p connection"),
+            "{name}'s tensors did not take the punched connection; log:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn two_nodes_behind_nats_and_a_public_relay_member_train_like_the_simulator() {
+    let test = "two_nodes_behind_nats_and_a_public_relay_member_train_like_the_simulator";
+    let Some(net) = Internet::up(test, "a", 2, 1, "cone") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let train = train_flags(120);
+    let sim = simulate(dir, 3, &train);
+    // The public member serves as the relay; the others know its QUIC
+    // address only.
+    let (key, id) = relay_identity(dir);
+    let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
+    let mut public = node_flags("10.200.0.1", 4001, 3, "", dir, "public");
+    public.extend([
+        "--relay".into(),
+        "--identity".into(),
+        key.display().to_string(),
+    ]);
+    public.extend(train.iter().cloned());
+    let mut nodes = vec![(
+        "public".to_string(),
+        net.spawn("inet", &public, &dir.join("public.log")),
+    )];
+    let mut nated = Vec::new();
+    for k in 1..=2 {
+        let name = format!("h{k}-1");
+        let mut flags = node_flags(&format!("192.168.{k}.2"), 4001, 3, &bootstrap, dir, &name);
+        flags.extend(train.iter().cloned());
+        nodes.push((
+            name.clone(),
+            net.spawn(&format!("h{k}-1"), &flags, &dir.join(format!("{name}.log"))),
+        ));
+        nated.push(name);
+    }
+    let results = wait_all(dir, nodes);
+    assert!(results.iter().all(|(_, ok)| *ok), "{results:?}");
+    let names: Vec<String> = results.into_iter().map(|(n, _)| n).collect();
+    check_run(dir, &names, &nated, &sim);
+}
+
+#[test]
+fn four_nodes_behind_two_nats_find_each_other_from_one_relay_address() {
+    let test = "four_nodes_behind_two_nats_find_each_other_from_one_relay_address";
+    let Some(net) = Internet::up(test, "b", 2, 2, "cone") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let train = train_flags(120);
+    let sim = simulate(dir, 4, &train);
+    // A stand-alone relay; the nodes know its TCP address only.
+    let (key, id) = relay_identity(dir);
+    let relay_args: Vec<String> = [
+        "relay",
+        "--listen",
+        "/ip4/10.200.0.1/udp/4001/quic-v1",
+        "--listen",
+        "/ip4/10.200.0.1/tcp/4001",
+        "--seconds",
+        "120",
+        "--identity",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([key.display().to_string()])
+    .collect();
+    let mut relay = net.spawn("inet", &relay_args, &dir.join("relay.log"));
+    let bootstrap = format!("/ip4/10.200.0.1/tcp/4001/p2p/{id}");
+    let mut nodes = Vec::new();
+    for k in 1..=2 {
+        for j in 1..=2 {
+            let name = format!("h{k}-{j}");
+            let mut flags = node_flags(
+                &format!("192.168.{k}.{}", j + 1),
+                4000 + j as u16,
+                4,
+                &bootstrap,
+                dir,
+                &name,
+            );
+            flags.extend(train.iter().cloned());
+            nodes.push((
+                name.clone(),
+                net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
+            ));
+        }
+    }
+    let results = wait_all(dir, nodes);
+    let _ = relay.kill();
+    let _ = relay.wait();
+    assert!(results.iter().all(|(_, ok)| *ok), "{results:?}");
+    let names: Vec<String> = results.into_iter().map(|(n, _)| n).collect();
+    // Nodes behind one NAT reach each other on their LAN; each punches
+    // through to the other NAT's nodes.
+    check_run(dir, &names, &names, &sim);
+}
+
+#[test]
+fn a_node_behind_a_symmetric_nat_is_named_and_the_run_goes_on_without_it() {
+    let test = "a_node_behind_a_symmetric_nat_is_named_and_the_run_goes_on_without_it";
+    let Some(net) = Internet::up(test, "c", 2, 1, "cone symmetric") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let (key, id) = relay_identity(dir);
+    let relay_args: Vec<String> = [
+        "relay",
+        "--listen",
+        "/ip4/10.200.0.1/udp/4001/quic-v1",
+        "--seconds",
+        "120",
+        "--identity",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([key.display().to_string()])
+    .collect();
+    let mut relay = net.spawn("inet", &relay_args, &dir.join("relay.log"));
+    let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
+    let mut nodes = Vec::new();
+    for k in 1..=2 {
+        let name = format!("h{k}-1");
+        let mut flags = node_flags(&format!("192.168.{k}.2"), 4001, 2, &bootstrap, dir, &name);
+        flags.extend(["--min-nodes".into(), "1".into()]);
+        flags.extend(train_flags(120));
+        // The one left out waits this long to be admitted again.
+        let at = flags.iter().position(|f| f == "--join-timeout").unwrap();
+        flags[at + 1] = "30".into();
+        nodes.push((
+            name.clone(),
+            net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
+        ));
+    }
+    let results = wait_all(dir, nodes);
+    let _ = relay.kill();
+    let _ = relay.wait();
+    // No punch gets through the symmetric NAT: each side names the other
+    // as reachable only through the relay, one of them trains on alone
+    // and the other is refused.
+    for (name, _) in &results {
+        let log = log_of(dir, name);
+        assert!(
+            log.contains("is reachable only through a relay"),
+            "{name} did not name its peer as reachable only through a relay; log:\n{log}"
+        );
+        assert!(
+            !log.contains("by hole punching"),
+            "{name} punched through a symmetric NAT?\n{log}"
+        );
+    }
+    let finished: Vec<&String> = results
+        .iter()
+        .filter(|(_, ok)| *ok)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(finished.len(), 1, "exactly one node trains on: {results:?}");
+    let summary = read_json(&dir.join(format!("{}.json", finished[0])));
+    assert_eq!(summary["completed"], true, "{summary}");
+    assert_eq!(summary["steps"], 120, "{summary}");
+    assert_eq!(
+        summary["members"].as_array().map(|m| m.len()),
+        Some(1),
+        "it went on alone: {summary}"
+    );
+}
