@@ -16,6 +16,8 @@ enum Command {
     Node(Box<slowmo_node::commands::node::NodeArgs>),
     /// Serve nodes behind NATs as a relay, training nothing.
     Relay(slowmo_node::commands::relay::RelayArgs),
+    /// Check what this machine's network lets a node do before a long run.
+    Doctor(slowmo_node::commands::doctor::DoctorArgs),
     /// Admission to a run: run keys, invitations, peer ids.
     Run(slowmo_node::commands::run::RunArgs),
     /// Analyse and compare communication graphs, and sweep training over them.
@@ -51,6 +53,7 @@ fn main() -> std::process::ExitCode {
         | Command::Report(_)
         | Command::Run(_)
         | Command::Relay(_)
+        | Command::Doctor(_)
         | Command::Study(_) => set_compute_threads(1),
         Command::Node(args) => {
             if let Some(n) = args.threads {
@@ -79,6 +82,7 @@ fn main() -> std::process::ExitCode {
         Command::Node(args) => slowmo_node::commands::node::run(*args),
         Command::Run(args) => slowmo_node::commands::run::run(args),
         Command::Relay(args) => slowmo_node::commands::relay::run(args),
+        Command::Doctor(args) => slowmo_node::commands::doctor::run(args),
         Command::Topology(args) => slowmo_node::commands::topology::run(args),
         Command::Bench(args) => slowmo_node::commands::bench::run(args),
         Command::Report(args) => slowmo_node::io::report::run(args),

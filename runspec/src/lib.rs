@@ -24,7 +24,9 @@ pub use limits::{
     BUFFERS_PER_WORKER, MAX_LOCAL_NODES, NODE_OVERHEAD_BYTES, Resources, WORKER_OVERHEAD_BYTES,
 };
 pub use options::{ConfigError, TrainOptions};
-pub use records::{NodeSummary, StepRecord, ViewEvent, last_record, step_rate, step_records};
+pub use records::{
+    ConnectionsSummary, NodeSummary, StepRecord, ViewEvent, last_record, step_rate, step_records,
+};
 pub use resolve::{
     MAX_BATCH_SIZE, MAX_STALENESS, RunConfig, SettingChange, flat_settings, resume_differences,
 };

@@ -117,7 +117,30 @@ pub struct NodeSummary {
     /// Outputs that could not be written, each with its flag, path and reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub output_errors: Vec<String>,
+    /// How this node reached its peers (NAT traversal): absent in the
+    /// simulator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<ConnectionsSummary>,
     pub config: RunConfig,
+}
+
+/// How a node reached its peers at the end of a run, and its hole punches.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionsSummary {
+    /// Peers connected by a dial straight to their address.
+    pub direct: usize,
+    /// Peers connected directly by a hole punch (DCUtR).
+    pub hole_punched: usize,
+    /// Peers connected only through a relay.
+    pub relayed: usize,
+    pub punch_attempts: u64,
+    pub punch_successes: u64,
+    /// Relays holding a reservation for this node (peer ids).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relay_reservations: Vec<String>,
+    /// Peers left out because only a relay reached them, with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relay_only: Vec<String>,
 }
 
 /// One membership change as a worker saw it.
@@ -179,6 +202,7 @@ impl NodeSummary {
             stopped: None,
             params_final: None,
             output_errors: Vec::new(),
+            connections: None,
             config: config.clone(),
         }
     }

@@ -226,6 +226,16 @@ fn check_run(dir: &Path, names: &[String], nated: &[String], sim: &[u8]) {
         assert_eq!(summary["completed"], true, "{name}: {summary}");
     }
     for name in nated {
+        let summary = read_json(&dir.join(format!("{name}.json")));
+        let c = &summary["connections"];
+        assert!(
+            c["hole_punched"].as_u64() >= Some(1) && c["punch_successes"].as_u64() >= Some(1),
+            "{name}'s summary shows no hole-punched connection: {c}"
+        );
+        assert_eq!(
+            c["relayed"], 0,
+            "{name} ended with a relayed connection: {c}"
+        );
         let log = log_of(dir, name);
         assert!(
             log.contains("by hole punching"),
@@ -399,6 +409,17 @@ fn a_node_behind_a_symmetric_nat_is_named_and_the_run_goes_on_without_it() {
     assert_eq!(finished.len(), 1, "exactly one node trains on: {results:?}");
     let summary = read_json(&dir.join(format!("{}.json", finished[0])));
     assert_eq!(summary["completed"], true, "{summary}");
+    let relay_only = summary["connections"]["relay_only"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        relay_only.len() == 1
+            && relay_only[0]
+                .as_str()
+                .is_some_and(|s| s.contains("reachable only through a relay")),
+        "the summary names the peer left out and why: {summary}"
+    );
     assert_eq!(summary["steps"], 120, "{summary}");
     assert_eq!(
         summary["members"].as_array().map(|m| m.len()),

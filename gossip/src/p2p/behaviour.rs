@@ -515,6 +515,10 @@ pub(crate) async fn run_swarm(
                 SwarmEvent::ConnectionEstablished { peer_id, connection_id, endpoint, .. } => {
                     speculative.remove(&connection_id);
                     let relayed = endpoint.is_relayed();
+                    let remote_ip = match &endpoint {
+                        ConnectedPoint::Dialer { address, .. } => super::reach::ip_of(address),
+                        ConnectedPoint::Listener { send_back_addr, .. } => super::reach::ip_of(send_back_addr),
+                    };
                     let dialed_addr = match endpoint {
                         ConnectedPoint::Dialer { address, .. } => Some(address),
                         ConnectedPoint::Listener { .. } => None,
@@ -535,6 +539,16 @@ pub(crate) async fn run_swarm(
                             r.relay_only.remove(&peer_id);
                         }
                         let entry = r.peers.entry(peer_id).or_default();
+                        if let Some(ip) = remote_ip.filter(|ip| !relayed && !entry.remote_ips.contains(ip)) {
+                            entry.remote_ips.push(ip);
+                        }
+                        // A direct connection beside a relayed one: a hole
+                        // punch got through (either side may have dialed).
+                        if !relayed && had_relayed {
+                            entry.punch_attempts += 1;
+                            entry.punch_successes += 1;
+                            entry.punch_error = None;
+                        }
                         // Once punched, a peer stays punched while a direct
                         // connection is open.
                         if !(kind == Some(ConnectionKind::Direct)
@@ -545,6 +559,8 @@ pub(crate) async fn run_swarm(
                     });
                     if relayed {
                         tracing::info!(peer = %peer_id, "connected to {peer_id} through a relay; trying a direct connection (hole punch)");
+                    } else if had_relayed {
+                        tracing::info!(peer = %peer_id, "direct connection to {peer_id} by hole punching");
                     }
                     let _ = events.send(NetEvent::Connected { peer: peer_id, dialed: dialed_addr });
                 }
@@ -677,7 +693,7 @@ pub(crate) async fn run_swarm(
                 SwarmEvent::Behaviour(BehaviourEvent::Dcutr(dcutr::Event { remote_peer_id, result })) => {
                     match result {
                         Ok(_) => {
-                            tracing::info!(peer = %remote_peer_id, "direct connection to {remote_peer_id} by hole punching");
+                            // (Counted and logged as the connection opened.)
                             // Streams opened from now on must not take
                             // the relay.
                             let relayed: Vec<_> = opened
@@ -690,8 +706,6 @@ pub(crate) async fn run_swarm(
                             }
                             reach.update(|r| {
                                 let entry = r.peers.entry(remote_peer_id).or_default();
-                                entry.punch_attempts += 1;
-                                entry.punch_successes += 1;
                                 entry.punch_error = None;
                                 entry.kind = Some(ConnectionKind::HolePunched);
                             });

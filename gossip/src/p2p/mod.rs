@@ -38,6 +38,7 @@ mod comm;
 mod command;
 mod config;
 mod counters;
+pub mod doctor;
 mod exchange;
 #[cfg(feature = "fuzz")]
 #[doc(hidden)]

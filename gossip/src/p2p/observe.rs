@@ -50,6 +50,11 @@ impl P2pObserver {
             .collect()
     }
 
+    /// How this node is reached and reaches each peer (NAT traversal).
+    pub fn reach(&self) -> super::reach::ReachState {
+        self.shared.reach.snapshot()
+    }
+
     /// The current view: its number and size; `None` before the join.
     pub fn view(&self) -> Option<(u64, usize)> {
         self.shared

@@ -53,6 +53,10 @@ pub struct PeerReach {
     pub punch_successes: u64,
     /// Why the last punch failed.
     pub punch_error: Option<String>,
+    /// The IPs our direct connections with the peer went to or came from:
+    /// where the peer is reachable from here. A peer behind a NAT
+    /// announces private addresses; its connections come from its NAT's.
+    pub remote_ips: Vec<std::net::IpAddr>,
 }
 
 /// What this node knows of its reachability.
@@ -90,6 +94,14 @@ impl ReachState {
         out
     }
 
+    /// Per peer (base58), the kind of its open connection.
+    pub fn peer_kinds(&self) -> Vec<(String, ConnectionKind)> {
+        self.peers
+            .iter()
+            .filter_map(|(p, r)| r.kind.map(|k| (p.to_string(), k)))
+            .collect()
+    }
+
     /// Hole punches tried and succeeded, over all peers.
     pub fn punches(&self) -> (u64, u64) {
         self.peers.values().fold((0, 0), |(a, s), p| {
@@ -117,6 +129,48 @@ impl Reach {
     }
 }
 
+/// The IP of a direct address (`None` for a relayed one: its IP is the
+/// relay's).
+pub(crate) fn ip_of(addr: &Multiaddr) -> Option<std::net::IpAddr> {
+    if is_relayed(addr) {
+        return None;
+    }
+    addr.iter().find_map(|p| match p {
+        Protocol::Ip4(ip) => Some(ip.into()),
+        Protocol::Ip6(ip) => Some(ip.into()),
+        _ => None,
+    })
+}
+
+/// Of a peer's lane addresses (`IP:port`), those at an IP we already reach
+/// it at; `Err` names the addresses and those IPs when none is.
+pub(crate) fn dialable_lane_addrs(
+    announced: &[String],
+    remote_ips: &[std::net::IpAddr],
+) -> Result<Vec<String>, String> {
+    let ok: Vec<String> = announced
+        .iter()
+        .filter(|a| {
+            a.parse::<std::net::SocketAddr>()
+                .is_ok_and(|s| remote_ips.contains(&s.ip()))
+        })
+        .cloned()
+        .collect();
+    if ok.is_empty() && !announced.is_empty() {
+        let ips: Vec<String> = remote_ips.iter().map(|ip| ip.to_string()).collect();
+        return Err(format!(
+            "its lane addresses ({}) are not where we reach it ({}): it is behind a NAT",
+            announced.join(", "),
+            if ips.is_empty() {
+                "only through a relay".to_string()
+            } else {
+                ips.join(", ")
+            }
+        ));
+    }
+    Ok(ok)
+}
+
 /// Whether `addr` goes through a relay (`/p2p-circuit`).
 pub(crate) fn is_relayed(addr: &Multiaddr) -> bool {
     addr.iter().any(|p| matches!(p, Protocol::P2pCircuit))
@@ -137,6 +191,25 @@ mod tests {
     }
 
     #[test]
+    fn lane_addresses_are_dialed_only_where_the_peer_is_reached() {
+        let lan: std::net::IpAddr = "192.168.1.2".parse().unwrap();
+        let nat: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+        let announced = vec!["192.168.1.2:4100".to_string(), "127.0.0.1:4100".to_string()];
+        assert_eq!(
+            dialable_lane_addrs(&announced, &[lan]).unwrap(),
+            vec!["192.168.1.2:4100".to_string()]
+        );
+        let behind_nat = dialable_lane_addrs(&announced, &[nat]).unwrap_err();
+        assert!(behind_nat.contains("behind a NAT") && behind_nat.contains("203.0.113.7"));
+        assert!(
+            dialable_lane_addrs(&announced, &[])
+                .unwrap_err()
+                .contains("only through a relay")
+        );
+        assert!(dialable_lane_addrs(&[], &[lan]).unwrap().is_empty());
+    }
+
+    #[test]
     fn kinds_and_punches_sum_over_peers() {
         let reach = Reach::default();
         let (a, b, c) = (PeerId::random(), PeerId::random(), PeerId::random());
@@ -147,7 +220,7 @@ mod tests {
                     kind: Some(ConnectionKind::HolePunched),
                     punch_attempts: 2,
                     punch_successes: 1,
-                    punch_error: None,
+                    ..Default::default()
                 },
             );
             s.peers.insert(

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_sim;
+pub mod doctor;
 pub mod node;
 pub mod relay;
 pub mod run;

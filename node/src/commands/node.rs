@@ -377,6 +377,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         last.as_ref(),
         stats,
     );
+    summary.connections = Some(connections_summary(&comm.observer().reach()));
     let (params, error) = match result {
         Ok(o) => (
             Some(FinalParams {
@@ -438,6 +439,29 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             eprintln!("node {rank}: {done}");
             Ok(())
         }
+    }
+}
+
+/// How the node reached its peers, for the summary.
+fn connections_summary(
+    reach: &slowmo_gossip::p2p::reach::ReachState,
+) -> slowmo_runspec::ConnectionsSummary {
+    use slowmo_gossip::p2p::reach::ConnectionKind;
+    let kinds = reach.kinds();
+    let count = |k| kinds.get(&k).copied().unwrap_or(0);
+    let (punch_attempts, punch_successes) = reach.punches();
+    slowmo_runspec::ConnectionsSummary {
+        direct: count(ConnectionKind::Direct),
+        hole_punched: count(ConnectionKind::HolePunched),
+        relayed: count(ConnectionKind::Relayed),
+        punch_attempts,
+        punch_successes,
+        relay_reservations: reach.reservations.keys().map(|p| p.to_string()).collect(),
+        relay_only: reach
+            .relay_only
+            .iter()
+            .map(|(p, why)| format!("{p}: {why}"))
+            .collect(),
     }
 }
 

@@ -27,6 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use slowmo_gossip::p2p::reach::ConnectionKind;
 use slowmo_gossip::p2p::{MetricsRegistry, P2pObserver};
 use slowmo_runspec::StepRecord;
 
@@ -63,6 +64,9 @@ struct NodeMetrics {
     view_size: Gauge,
     view_number: Gauge,
     view_changes: Counter,
+    peer_connection: Family<Labels, Gauge>,
+    hole_punches: Family<Labels, Counter>,
+    relay_reservations: Gauge,
 }
 
 impl NodeMetrics {
@@ -95,6 +99,9 @@ impl NodeMetrics {
             view_size: Default::default(),
             view_number: Default::default(),
             view_changes: Default::default(),
+            peer_connection: Default::default(),
+            hole_punches: Default::default(),
+            relay_reservations: Default::default(),
         }
     }
 
@@ -194,6 +201,21 @@ impl NodeMetrics {
             "View changes since this node joined its first view",
             m.view_changes,
         );
+        r.register(
+            "peer_connection",
+            "1 for the kind of this node's connection to a peer (direct, hole-punched, relayed), 0 for the others",
+            m.peer_connection,
+        );
+        r.register(
+            "hole_punches",
+            "Hole punches (DCUtR) with peers, by result (attempted, succeeded)",
+            m.hole_punches,
+        );
+        r.register(
+            "relay_reservations",
+            "Relays holding a reservation for this node",
+            m.relay_reservations,
+        );
     }
 
     fn record(&self, r: &StepRecord, previous_time: Option<f64>) {
@@ -288,6 +310,30 @@ impl Live {
                 n,
             );
         }
+        let reach = o.reach();
+        for (peer, kind) in reach.peer_kinds() {
+            for k in [
+                ConnectionKind::Direct,
+                ConnectionKind::HolePunched,
+                ConnectionKind::Relayed,
+            ] {
+                m.peer_connection
+                    .get_or_create_owned(&labels(&[("peer", &peer), ("kind", k.name())]))
+                    .set(i64::from(k == kind));
+            }
+        }
+        let (attempted, succeeded) = reach.punches();
+        raise(
+            &m.hole_punches
+                .get_or_create_owned(&labels(&[("result", "attempted")])),
+            attempted,
+        );
+        raise(
+            &m.hole_punches
+                .get_or_create_owned(&labels(&[("result", "succeeded")])),
+            succeeded,
+        );
+        m.relay_reservations.set(reach.reservations.len() as i64);
         if let Some((number, size)) = o.view() {
             let first = *self.first_view.get_or_insert(number);
             m.view_size.set(size as i64);

@@ -102,6 +102,24 @@ pub(crate) async fn open(
     session: Arc<Session>,
     addrs: Vec<String>,
 ) {
+    // Only at an IP where we reach the peer: behind a NAT its announced
+    // (private) addresses are not dialable from here, and a dial there may
+    // hang until its timeout, or reach another machine.
+    let remote_ips = shared
+        .reach
+        .snapshot()
+        .peers
+        .get(&session.peer)
+        .map(|p| p.remote_ips.clone())
+        .unwrap_or_default();
+    let addrs = match super::super::reach::dialable_lane_addrs(&addrs, &remote_ips) {
+        Ok(a) => a,
+        Err(why) => {
+            tracing::debug!(peer = %session.peer, "no data lane to {}: {why}", session.peer);
+            session.set_unreachable(why);
+            return;
+        }
+    };
     *lock(&session.peer_addrs) = addrs.clone();
     let mut writers = Vec::new();
     for index in 0..session.per_peer as u16 {

@@ -37,7 +37,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use libp2p::multiaddr::Protocol;
 use libp2p::{Multiaddr, PeerId};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -136,17 +135,7 @@ pub const LANE_CONNECTION_BUDGET: usize = 16;
 /// protocol suspects it).
 pub(crate) type LossHook = Box<dyn Fn(&PeerId, &str) + Send + Sync>;
 
-/// The IP of a direct address (a relayed one's is the relay's).
-fn ip_of(addr: &Multiaddr) -> Option<IpAddr> {
-    if super::reach::is_relayed(addr) {
-        return None;
-    }
-    addr.iter().find_map(|p| match p {
-        Protocol::Ip4(ip) => Some(IpAddr::V4(ip)),
-        Protocol::Ip6(ip) => Some(IpAddr::V6(ip)),
-        _ => None,
-    })
-}
+use super::reach::ip_of;
 
 /// The IP our libp2p listeners use, for the lane's listener.
 fn listen_ip(addrs: &[String]) -> IpAddr {

@@ -1,0 +1,164 @@
+//! `slowmo doctor`: before a long run, what this machine's network lets a
+//! node do: its addresses as peers see them, whether it is reachable from
+//! outside (AutoNAT), whether a relay holds a reservation for it, and
+//! whether a given peer can be reached directly, by hole punching if need
+//! be (tensors go over direct connections only). Ends with what to change.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use slowmo_gossip::p2p::doctor::{DoctorConfig, DoctorReport, check};
+use slowmo_gossip::p2p::reach::ConnectionKind;
+
+/// Arguments of `slowmo doctor`.
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Multiaddr to listen on (repeatable), as the node will.
+    #[arg(long, default_values_t = vec!["/ip4/0.0.0.0/udp/0/quic-v1".to_string(), "/ip4/0.0.0.0/tcp/0".to_string()])]
+    pub listen: Vec<String>,
+    /// Multiaddr of a peer or relay to reach first (repeatable), as the
+    /// node will be given.
+    #[arg(long, required = true)]
+    pub bootstrap: Vec<String>,
+    /// An address this node is reachable at besides its listen addresses.
+    #[arg(long)]
+    pub external_address: Vec<String>,
+    /// A peer to reach (a multiaddr ending in /p2p/<id>; a relayed one,
+    /// .../p2p/<relay>/p2p-circuit/p2p/<id>, for a peer behind a NAT).
+    #[arg(long)]
+    pub peer: Option<String>,
+    /// Seconds to watch.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+}
+
+pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
+    let report = check(&DoctorConfig {
+        listen: args.listen.clone(),
+        bootstrap: args.bootstrap.clone(),
+        external: args.external_address.clone(),
+        peer: args.peer.clone(),
+        wait: Duration::from_secs(args.seconds.max(2)),
+    })
+    .context("checking the network")?;
+    print!("{}", render(&report));
+    Ok(())
+}
+
+/// The report and the advice, as text.
+pub fn render(r: &DoctorReport) -> String {
+    let mut out = String::new();
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    line(format!("peer id          {}", r.peer_id));
+    for a in &r.listen {
+        line(format!("listening on     {a}"));
+    }
+    for (b, ok) in &r.bootstrap {
+        line(format!(
+            "bootstrap        {b}: {}",
+            if *ok { "reached" } else { "NOT reached" }
+        ));
+    }
+    let reach = &r.reach;
+    for a in &reach.observed {
+        line(format!("seen by peers at {a}"));
+    }
+    for a in &reach.confirmed {
+        line(format!("reachable at     {a} (confirmed from outside)"));
+    }
+    for (a, why) in &reach.unreachable {
+        line(format!("NOT reachable at {a}: {why}"));
+    }
+    for (relay, a) in &reach.reservations {
+        line(format!(
+            "relay            {relay} holds a reservation: peers reach us at {a}"
+        ));
+    }
+    let mut advice: Vec<String> = Vec::new();
+    if r.bootstrap.iter().all(|(_, ok)| !ok) {
+        advice.push(
+            "no bootstrap address answered: check the address (with its /p2p/<id>), that the \
+             node or relay there runs, and that this machine may open outgoing connections to it"
+                .into(),
+        );
+    }
+    let quic = |a: &String| a.contains("/quic-v1");
+    let confirmed: Vec<String> = reach.confirmed.iter().map(|a| a.to_string()).collect();
+    if confirmed.is_empty() {
+        if reach.reservations.is_empty() {
+            advice.push(
+                "not reachable from outside and no relay holds a reservation: peers behind other \
+                 NATs cannot reach this node. Start a relay on a public machine (`slowmo relay`, \
+                 or a public member with --relay) and bootstrap through it, or forward a port to \
+                 this machine and give it as --external-address"
+                    .into(),
+            );
+        } else {
+            advice.push(
+                "behind a NAT, reachable through a relay: peers will hole-punch a direct \
+                 connection (works behind most home routers; not behind a symmetric NAT)"
+                    .into(),
+            );
+        }
+    } else {
+        let transports: Vec<&str> = [("QUIC", true), ("TCP", false)]
+            .iter()
+            .filter(|(_, q)| confirmed.iter().any(|a| quic(a) == *q))
+            .map(|(n, _)| *n)
+            .collect();
+        advice.push(format!(
+            "reachable from outside over {}: peers can dial this node, and it can serve others \
+             as a relay (--relay)",
+            transports.join(" and ")
+        ));
+    }
+    if let Some(check) = &r.peer {
+        let peer = &check.peer;
+        match check.kind {
+            Some(ConnectionKind::Direct) => {
+                line(format!("peer             {peer}: direct connection"));
+                advice.push("the peer is reached directly: tensors take that path".into());
+            }
+            Some(ConnectionKind::HolePunched) => {
+                line(format!(
+                    "peer             {peer}: direct connection by hole punching"
+                ));
+                advice.push(
+                    "the peer is reached by hole punching: tensors take the punched connection \
+                     (the data lane's own TCP port cannot be dialed behind a NAT)"
+                        .into(),
+                );
+            }
+            Some(ConnectionKind::Relayed) => {
+                let why = check
+                    .punch_error
+                    .clone()
+                    .unwrap_or_else(|| "no hole punch succeeded".into());
+                line(format!(
+                    "peer             {peer}: ONLY through a relay ({why})"
+                ));
+                advice.push(
+                    "the peer is reachable only through a relay, which carries no tensors: one of \
+                     you is likely behind a symmetric NAT. Forward a port to one side (and give it \
+                     as --external-address), or run that node on a reachable machine"
+                        .into(),
+                );
+            }
+            None => {
+                line(format!("peer             {peer}: NOT reached"));
+                advice.push(
+                    "the peer could not be reached at all: check its address, and that both \
+                     sides reach the same relay"
+                        .into(),
+                );
+            }
+        }
+    }
+    for a in advice {
+        line(format!("- {a}"));
+    }
+    out
+}
