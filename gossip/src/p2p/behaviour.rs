@@ -41,9 +41,14 @@ use libp2p::{
 };
 use tokio::sync::mpsc;
 
+use super::addrs::{error_chain, log_dial_error, peer_in, quic_first, strip_peer};
 use super::command::SwarmCmd;
 use super::config::P2pConfig;
-use super::reach::{ConnectionKind, Reach, is_relayed};
+use super::nat::{
+    DISCOVER_EVERY, NatSetup, REGISTER_EVERY, connection_kind, is_loopback, relay_config, relay_of,
+    relayed_dial_delay,
+};
+use super::reach::{ConnectionKind, is_relayed};
 use crate::CommError;
 use crate::sync::lock;
 
@@ -64,21 +69,6 @@ pub(crate) struct Behaviour {
     pub stream: libp2p_stream::Behaviour,
 }
 
-/// How long a relay keeps one circuit, and how many bytes it carries: the
-/// control plane of a whole run whose hole punch failed (hellos, view
-/// changes, barriers' small messages), not tensors.
-const CIRCUIT_DURATION: Duration = Duration::from_secs(24 * 3600);
-const CIRCUIT_BYTES: u64 = 64 << 20;
-
-/// The relay service of a node started with `relay`.
-fn relay_config() -> relay::Config {
-    relay::Config {
-        max_circuit_duration: CIRCUIT_DURATION,
-        max_circuit_bytes: CIRCUIT_BYTES,
-        ..relay::Config::default()
-    }
-}
-
 /// What the swarm task tells the membership task.
 #[derive(Debug, Clone)]
 pub(crate) enum NetEvent {
@@ -93,92 +83,6 @@ pub(crate) enum NetEvent {
     /// A connection authenticated as our own peer id: another process
     /// holds our key (`outbound`: we dialed `address`).
     SameIdentity { address: Multiaddr, outbound: bool },
-}
-
-/// `addr` without a trailing `/p2p/<id>`.
-pub(crate) fn strip_peer(addr: &Multiaddr) -> Multiaddr {
-    addr.iter()
-        .filter(|p| !matches!(p, Protocol::P2p(_)))
-        .collect()
-}
-
-/// The peer id in `addr`, if it ends with `/p2p/<id>`.
-pub(crate) fn peer_in(addr: &Multiaddr) -> Option<PeerId> {
-    addr.iter().find_map(|p| match p {
-        Protocol::P2p(id) => Some(id),
-        _ => None,
-    })
-}
-
-/// QUIC addresses first: dials try addresses in order, one at a time.
-pub(crate) fn quic_first(addrs: &mut [Multiaddr]) {
-    addrs.sort_by_key(|a| !a.iter().any(|p| matches!(p, Protocol::QuicV1)));
-}
-
-/// Parses a list of multiaddrs, naming the first bad one.
-pub(crate) fn parse_addrs(what: &str, addrs: &[String]) -> Result<Vec<Multiaddr>, CommError> {
-    addrs
-        .iter()
-        .map(|s| {
-            s.parse::<Multiaddr>()
-                .map_err(|e| CommError::Config(format!("{what}: `{s}` is not a multiaddr: {e}")))
-        })
-        .collect()
-}
-
-/// An error and its sources, `: `-separated, on one line. libp2p's transport errors
-/// display nothing themselves and keep the reason (the OS error) in their
-/// sources.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(e);
-    while let Some(err) = next {
-        // On one line (some errors list their causes on lines of their own).
-        let text = err
-            .to_string()
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
-        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        next = err.source();
-    }
-    if parts.is_empty() {
-        "no reason given".into()
-    } else {
-        parts.join(": ")
-    }
-}
-
-/// Logs a failed dial: each address with its reason (a refused bootstrap
-/// dial says `Connection refused`). A reason already logged for an address
-/// goes to the debug log, so that re-dials once a second do not flood the
-/// warnings.
-fn log_dial_error(peer: Option<PeerId>, error: &DialError, logged: &mut HashMap<String, String>) {
-    let mut report = |target: String, reason: String| {
-        if logged.get(&target) == Some(&reason) {
-            tracing::debug!(?peer, "cannot reach {target}: {reason}");
-        } else {
-            tracing::warn!(?peer, "cannot reach {target}: {reason}");
-            logged.insert(target, reason);
-        }
-    };
-    match error {
-        // Our own doing (a disconnect, a dial superseded), not the peer's.
-        DialError::Aborted | DialError::DialPeerConditionFalse(_) => {
-            tracing::debug!(?peer, "dial given up: {error}");
-        }
-        DialError::Transport(errors) => {
-            for (addr, e) in errors {
-                report(addr.to_string(), error_chain(e));
-            }
-        }
-        other => {
-            let target = peer.map_or_else(|| "a peer".to_string(), |p| format!("peer {p}"));
-            report(target, error_chain(other));
-        }
-    }
 }
 
 /// The protocols of a node.
@@ -495,7 +399,7 @@ pub(crate) async fn run_swarm(
                 }
                 SwarmEvent::NewListenAddr { address, .. } => {
                     tracing::info!(%address, "listening on {address}/p2p/{local}");
-                    raise_quic_buffers(&address);
+                    super::udp::raise_quic_buffers(&address);
                     if relay_server {
                         // A relay is reachable where it listens (its
                         // operator says so): reservations hand these out.
@@ -760,39 +664,8 @@ pub(crate) async fn run_swarm(
     tracing::debug!("swarm task finished");
 }
 
-/// How long a direct dial goes first before the relayed addresses are
-/// dialed too.
-const RELAYED_DIAL_AFTER: Duration = Duration::from_secs(1);
-
-/// What the swarm task needs to know about NAT traversal.
-pub(crate) struct NatSetup {
-    pub reach: Reach,
-    /// This node serves as a relay (its listen addresses are external).
-    pub relay_server: bool,
-    /// Addresses the operator says we are reachable at.
-    pub external: Vec<Multiaddr>,
-    /// The run's rendezvous namespace ([`namespace_of`]); `None` for a
-    /// stand-alone relay, which registers nowhere.
-    pub namespace: Option<rendezvous::Namespace>,
-}
-
-/// The rendezvous namespace of a run: members register there on every
-/// rendezvous point (relay) they reach, and find each other there from one
-/// bootstrap address.
-pub(crate) fn namespace_of(run_id: &str) -> rendezvous::Namespace {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(run_id.as_bytes());
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    rendezvous::Namespace::new(format!("slowmo/{hex}")).expect("39 bytes is a short namespace")
-}
-
-/// How often a discovering node asks its rendezvous points for the run's
-/// members, and how long a registration lasts before it is renewed.
-const DISCOVER_EVERY: Duration = Duration::from_secs(2);
-const REGISTER_EVERY: Duration = Duration::from_secs(3600);
-
 /// Dials `peer` at `addrs`: the direct addresses at once, QUIC first, and
-/// the relayed ones after [`RELAYED_DIAL_AFTER`] unless a connection came
+/// the relayed ones after [`relayed_dial_delay`] unless a connection came
 /// first (a dial to a private address behind someone else's NAT may hang
 /// until its timeout).
 fn dial_peer(
@@ -806,7 +679,7 @@ fn dial_peer(
     }
     let (relayed, mut addrs): (Vec<_>, Vec<_>) = addrs.into_iter().partition(is_relayed);
     if !relayed.is_empty() {
-        let after = tokio::time::Instant::now() + RELAYED_DIAL_AFTER;
+        let after = tokio::time::Instant::now() + relayed_dial_delay(swarm.local_peer_id(), &peer);
         relayed_dials.insert(peer, (after, relayed));
     }
     if addrs.is_empty() {
@@ -822,86 +695,5 @@ fn dial_peer(
         .build();
     if let Err(e) = swarm.dial(opts) {
         tracing::debug!(%peer, "dial failed: {e}");
-    }
-}
-
-/// Whether `addr` is a loopback address (it reaches only this machine).
-fn is_loopback(addr: &Multiaddr) -> bool {
-    addr.iter().any(|p| match p {
-        Protocol::Ip4(ip) => ip.is_loopback(),
-        Protocol::Ip6(ip) => ip.is_loopback(),
-        _ => false,
-    })
-}
-
-/// The relay in a relayed address (the peer id before `/p2p-circuit`).
-fn relay_of(addr: &Multiaddr) -> Option<PeerId> {
-    let mut relay = None;
-    for p in addr.iter() {
-        match p {
-            Protocol::P2p(id) => relay = Some(id),
-            Protocol::P2pCircuit => return relay,
-            _ => {}
-        }
-    }
-    None
-}
-
-/// How `peer` is connected, from its open connections: direct if any is
-/// direct (hole-punched when a relayed one was open as it came), relayed if
-/// only relayed ones are.
-fn connection_kind(
-    opened: &HashMap<libp2p::swarm::ConnectionId, (PeerId, u64, bool)>,
-    peer: &PeerId,
-    punched: bool,
-) -> Option<ConnectionKind> {
-    let mut kind = None;
-    for (_, _, relayed) in opened.values().filter(|(p, _, _)| p == peer) {
-        if !relayed {
-            return Some(if punched {
-                ConnectionKind::HolePunched
-            } else {
-                ConnectionKind::Direct
-            });
-        }
-        kind = Some(ConnectionKind::Relayed);
-    }
-    kind
-}
-
-/// Raises the kernel buffers of a QUIC listener's UDP socket (see
-/// [`super::udp`]).
-fn raise_quic_buffers(address: &Multiaddr) {
-    let mut port = None;
-    let mut quic = false;
-    for p in address.iter() {
-        match p {
-            Protocol::Udp(p) => port = Some(p),
-            Protocol::QuicV1 => quic = true,
-            _ => {}
-        }
-    }
-    let (Some(port), true) = (port, quic) else {
-        return;
-    };
-    let want = super::udp::buffer_bytes();
-    if want == 0 {
-        return;
-    }
-    for got in super::udp::raise(port, want) {
-        if got.receive < want {
-            tracing::info!(
-                "QUIC socket on UDP port {port}: receive buffer {} bytes, send {} (asked {want}; \
-                 the kernel caps unprivileged sockets at net.core.rmem_max / wmem_max)",
-                got.receive,
-                got.send
-            );
-        } else {
-            tracing::debug!(
-                "QUIC socket on UDP port {port}: receive buffer {} bytes, send {}",
-                got.receive,
-                got.send
-            );
-        }
     }
 }

@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 use libp2p::{Multiaddr, PeerId};
 use tokio::sync::mpsc;
 
-use super::behaviour::{self, parse_addrs, peer_in};
+use super::addrs::{error_chain, parse_addrs, peer_in, strip_peer};
+use super::behaviour;
 use super::command::SwarmCmd;
 use super::config::{P2pConfig, RunIdentity};
 use super::identity;
+use super::nat::NatSetup;
 use super::reach::{ConnectionKind, Reach, ReachState};
 use crate::CommError;
 use crate::sync::lock;
@@ -93,7 +95,7 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
             swarm.listen_on(addr.clone()).map_err(|e| {
                 CommError::Network(format!(
                     "listen: cannot listen on `{addr}`: {}",
-                    behaviour::error_chain(&e)
+                    error_chain(&e)
                 ))
             })?;
         }
@@ -104,7 +106,7 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
             listen.clone(),
             bootstrap.clone(),
             metrics,
-            behaviour::NatSetup {
+            NatSetup {
                 reach: reach.clone(),
                 relay_server: false,
                 external,
@@ -131,7 +133,7 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
                 Ok(Some(behaviour::NetEvent::Connected { peer, dialed })) => {
                     connected.push(peer);
                     if let Some(a) = dialed {
-                        reached.push(behaviour::strip_peer(&a));
+                        reached.push(strip_peer(&a));
                     }
                 }
                 Ok(None) => break,
@@ -152,7 +154,7 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
         let bootstrap = bootstrap
             .iter()
             .map(|b| {
-                let ok = reached.contains(&behaviour::strip_peer(b))
+                let ok = reached.contains(&strip_peer(b))
                     || peer_in(b).is_some_and(|p| connected.contains(&p));
                 (b.to_string(), ok)
             })

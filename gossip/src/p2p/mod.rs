@@ -31,6 +31,7 @@
 //! # Ok::<(), slowmo_gossip::CommError>(())
 //! ```
 
+mod addrs;
 mod admission;
 mod allreduce;
 mod behaviour;
@@ -49,6 +50,7 @@ mod inbound;
 pub mod lane;
 mod links;
 mod membership;
+mod nat;
 mod observe;
 mod payload;
 pub mod reach;

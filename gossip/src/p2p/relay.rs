@@ -11,11 +11,13 @@ use libp2p::Multiaddr;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
-use super::behaviour::{self, parse_addrs};
+use super::addrs::{error_chain, parse_addrs};
+use super::behaviour;
 use super::comm::with_peer_suffix;
 use super::command::SwarmCmd;
 use super::config::{P2pConfig, RunIdentity};
 use super::identity;
+use super::nat::NatSetup;
 use super::reach::{Reach, ReachState};
 use crate::CommError;
 use crate::sync::lock;
@@ -74,7 +76,7 @@ impl RelayServer {
                 swarm.listen_on(addr.clone()).map_err(|e| {
                     CommError::Network(format!(
                         "listen: cannot listen on `{addr}`: {}",
-                        behaviour::error_chain(&e)
+                        error_chain(&e)
                     ))
                 })?;
             }
@@ -85,7 +87,7 @@ impl RelayServer {
                 listen.clone(),
                 Vec::new(),
                 metrics,
-                behaviour::NatSetup {
+                NatSetup {
                     reach: reach.clone(),
                     relay_server: true,
                     external,

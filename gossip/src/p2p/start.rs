@@ -8,7 +8,8 @@ use libp2p::Multiaddr;
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
 
-use super::behaviour::{self, NetEvent, parse_addrs};
+use super::addrs::{error_chain, parse_addrs};
+use super::behaviour::{self, NetEvent};
 use super::comm::{P2pComm, spawn_links, with_peer_suffix};
 use super::command::SwarmCmd;
 use super::config::P2pConfig;
@@ -16,6 +17,7 @@ use super::identity;
 use super::inbound;
 use super::lane::Lanes;
 use super::membership::join::{Joined, Membership};
+use super::nat::{NatSetup, namespace_of};
 use super::state::{ReduceMsg, Shared, View};
 use super::views::accept;
 use super::views::board::Board;
@@ -81,7 +83,7 @@ impl P2pComm {
                 swarm.listen_on(addr.clone()).map_err(|e| {
                     CommError::Network(format!(
                         "listen: cannot listen on `{addr}`: {}",
-                        behaviour::error_chain(&e)
+                        error_chain(&e)
                     ))
                 })?;
             }
@@ -106,11 +108,11 @@ impl P2pComm {
                 listen.clone(),
                 bootstrap,
                 metrics,
-                behaviour::NatSetup {
+                NatSetup {
                     reach: shared.reach.clone(),
                     relay_server: cfg.relay,
                     external,
-                    namespace: Some(behaviour::namespace_of(&cfg.run.run_id)),
+                    namespace: Some(namespace_of(&cfg.run.run_id)),
                 },
             ));
             // Hellos carry our addresses: wait until the listeners are up.

@@ -9,6 +9,9 @@
 //! a container), else `SO_RCVBUF`/`SO_SNDBUF`, which the kernel caps at
 //! `net.core.rmem_max`/`wmem_max` (raise those for unprivileged nodes).
 
+use libp2p::Multiaddr;
+use libp2p::multiaddr::Protocol;
+
 /// What we ask for per direction, unless `SLOWMO_UDP_BUFFER_BYTES` says
 /// otherwise (0: leave the kernel's defaults).
 pub(crate) const UDP_BUFFER_BYTES: usize = 8 << 20;
@@ -151,6 +154,42 @@ mod sys {
 }
 
 #[cfg(target_os = "linux")]
+/// Raises the kernel buffers of the UDP socket of a QUIC listener at `address`.
+pub(crate) fn raise_quic_buffers(address: &Multiaddr) {
+    let mut port = None;
+    let mut quic = false;
+    for p in address.iter() {
+        match p {
+            Protocol::Udp(p) => port = Some(p),
+            Protocol::QuicV1 => quic = true,
+            _ => {}
+        }
+    }
+    let (Some(port), true) = (port, quic) else {
+        return;
+    };
+    let want = buffer_bytes();
+    if want == 0 {
+        return;
+    }
+    for got in raise(port, want) {
+        if got.receive < want {
+            tracing::info!(
+                "QUIC socket on UDP port {port}: receive buffer {} bytes, send {} (asked {want}; \
+                 the kernel caps unprivileged sockets at net.core.rmem_max / wmem_max)",
+                got.receive,
+                got.send
+            );
+        } else {
+            tracing::debug!(
+                "QUIC socket on UDP port {port}: receive buffer {} bytes, send {}",
+                got.receive,
+                got.send
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

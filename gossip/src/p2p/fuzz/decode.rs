@@ -280,7 +280,7 @@ fn check_hello(peer: &PeerId, h: &Hello) -> Result<(), String> {
     if h.nodes != ctx.cfg.nodes as u64 {
         return Err(format!("node count {}", h.nodes));
     }
-    crate::p2p::behaviour::parse_addrs("hello", &h.addrs).map_err(|e| e.to_string())?;
+    crate::p2p::addrs::parse_addrs("hello", &h.addrs).map_err(|e| e.to_string())?;
     for m in &h.members {
         m.peer
             .parse::<PeerId>()

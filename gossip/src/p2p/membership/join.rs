@@ -12,8 +12,9 @@ use tokio::sync::{Notify, mpsc, watch};
 
 use super::msg::{EXCHANGE_TIMEOUT, Hello, MemberInfo, Refused, ViewInfo};
 use crate::CommError;
+use crate::p2p::addrs::{parse_addrs, peer_in, strip_peer};
 use crate::p2p::admission::{Admission, Proof};
-use crate::p2p::behaviour::{NetEvent, parse_addrs, peer_in, strip_peer};
+use crate::p2p::behaviour::NetEvent;
 use crate::p2p::command::SwarmCmd;
 use crate::p2p::config::{P2pConfig, RunIdentity};
 use crate::p2p::state::{Shared, View};

@@ -204,7 +204,10 @@ fn on_view_msg(
                 return Err("join request from a peer that did not pass the handshake".into());
             }
             if let Some(why) = shared.reach.snapshot().relay_only.get(&peer) {
-                return Err(format!("join request refused: {why}"));
+                // Not an offence: it cannot know. Its own log names us as
+                // reachable only through the relay too.
+                tracing::debug!(%peer, "join request of {peer} not taken: {why}");
+                return Ok(None);
             }
             let fresh = lock(&board.0).fresh.contains(&peer);
             if fresh {
