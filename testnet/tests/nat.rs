@@ -427,3 +427,86 @@ fn a_node_behind_a_symmetric_nat_is_named_and_the_run_goes_on_without_it() {
         "it went on alone: {summary}"
     );
 }
+
+#[test]
+fn doctor_behind_a_nat_names_the_relay_and_the_punched_path_to_a_peer() {
+    let test = "doctor_behind_a_nat_names_the_relay_and_the_punched_path_to_a_peer";
+    let Some(net) = Internet::up(test, "d", 2, 1, "cone") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let (key, relay) = relay_identity(dir);
+    let node_key = dir.join("node.key");
+    let out = Command::new(slowmo_bin())
+        .args(["run", "peer-id", "--identity"])
+        .arg(&node_key)
+        .output()
+        .unwrap();
+    let node = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let quic = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{relay}");
+    let relay_args: Vec<String> = [
+        "relay",
+        "--listen",
+        "/ip4/10.200.0.1/udp/4001/quic-v1",
+        "--seconds",
+        "60",
+        "--identity",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([key.display().to_string()])
+    .collect();
+    let mut relay_proc = net.spawn("inet", &relay_args, &dir.join("relay.log"));
+    // A node waiting for a run behind one NAT, the doctor behind the other.
+    let mut flags = node_flags("192.168.1.2", 4001, 2, &quic, dir, "h1-1");
+    flags.extend(["--identity".into(), node_key.display().to_string()]);
+    let mut waiting = net.spawn("h1-1", &flags, &dir.join("h1-1.log"));
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let report = Command::new("ip")
+        .args(["netns", "exec", &format!("{}-h2-1", net.prefix)])
+        .arg(slowmo_bin())
+        .args([
+            "doctor",
+            "--bootstrap",
+            &quic,
+            "--listen",
+            "/ip4/192.168.2.2/udp/4001/quic-v1",
+        ])
+        .args([
+            "--peer",
+            &format!("{quic}/p2p-circuit/p2p/{node}"),
+            "--seconds",
+            "8",
+        ])
+        .output()
+        .unwrap();
+    let _ = waiting.kill();
+    let _ = relay_proc.kill();
+    let _ = waiting.wait();
+    let _ = relay_proc.wait();
+    let text = String::from_utf8_lossy(&report.stdout).to_string();
+    assert!(report.status.success(), "doctor failed: {report:?}");
+    assert!(
+        text.contains(": reached"),
+        "the bootstrap was reached:\n{text}"
+    );
+    assert!(
+        text.contains("seen by peers at /ip4/10.200.0.12/"),
+        "the NAT's address:\n{text}"
+    );
+    assert!(
+        text.contains("holds a reservation"),
+        "the relay's reservation:\n{text}"
+    );
+    // A direct path (by hole punching, or a dial that the punch's open
+    // mappings let through first).
+    assert!(
+        text.contains(&format!("{node}: direct connection")),
+        "a direct path to the peer:\n{text}"
+    );
+    assert!(
+        text.contains("behind a NAT, reachable through a relay"),
+        "the advice:\n{text}"
+    );
+}

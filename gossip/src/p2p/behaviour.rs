@@ -515,7 +515,7 @@ pub(crate) async fn run_swarm(
                     tracing::warn!("a listener failed: {}", error_chain(&error));
                 }
                 SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, connection_id })) => {
-                    if !is_relayed(&info.observed_addr) {
+                    if super::reach::ip_of(&info.observed_addr).is_some() {
                         reach.update(|r| {
                             if !r.observed.contains(&info.observed_addr) {
                                 r.observed.push(info.observed_addr.clone());
