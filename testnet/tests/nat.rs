@@ -86,6 +86,23 @@ impl Internet {
     }
 }
 
+impl Internet {
+    /// A stand-alone relay at 10.200.0.1, port 4001 (QUIC, and TCP if
+    /// `tcp`), with the identity in `key`, for two minutes at most.
+    fn start_relay(&self, key: &Path, tcp: bool, dir: &Path) -> Child {
+        let mut args: Vec<String> = ["relay", "--seconds", "120", "--identity"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.push(key.display().to_string());
+        args.extend(["--listen".into(), "/ip4/10.200.0.1/udp/4001/quic-v1".into()]);
+        if tcp {
+            args.extend(["--listen".into(), "/ip4/10.200.0.1/tcp/4001".into()]);
+        }
+        self.spawn("inet", &args, &dir.join("relay.log"))
+    }
+}
+
 impl Drop for Internet {
     fn drop(&mut self) {
         let _ = Command::new("bash")
@@ -302,21 +319,7 @@ fn four_nodes_behind_two_nats_find_each_other_from_one_relay_address() {
     let sim = simulate(dir, 4, &train);
     // A stand-alone relay; the nodes know its TCP address only.
     let (key, id) = relay_identity(dir);
-    let relay_args: Vec<String> = [
-        "relay",
-        "--listen",
-        "/ip4/10.200.0.1/udp/4001/quic-v1",
-        "--listen",
-        "/ip4/10.200.0.1/tcp/4001",
-        "--seconds",
-        "120",
-        "--identity",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([key.display().to_string()])
-    .collect();
-    let mut relay = net.spawn("inet", &relay_args, &dir.join("relay.log"));
+    let mut relay = net.start_relay(&key, true, dir);
     let bootstrap = format!("/ip4/10.200.0.1/tcp/4001/p2p/{id}");
     let mut nodes = Vec::new();
     for k in 1..=2 {
@@ -356,19 +359,7 @@ fn a_node_behind_a_symmetric_nat_is_named_and_the_run_goes_on_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     let (key, id) = relay_identity(dir);
-    let relay_args: Vec<String> = [
-        "relay",
-        "--listen",
-        "/ip4/10.200.0.1/udp/4001/quic-v1",
-        "--seconds",
-        "120",
-        "--identity",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([key.display().to_string()])
-    .collect();
-    let mut relay = net.spawn("inet", &relay_args, &dir.join("relay.log"));
+    let mut relay = net.start_relay(&key, false, dir);
     let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
     let mut nodes = Vec::new();
     for k in 1..=2 {
@@ -445,19 +436,7 @@ fn doctor_behind_a_nat_names_the_relay_and_the_punched_path_to_a_peer() {
         .unwrap();
     let node = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let quic = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{relay}");
-    let relay_args: Vec<String> = [
-        "relay",
-        "--listen",
-        "/ip4/10.200.0.1/udp/4001/quic-v1",
-        "--seconds",
-        "60",
-        "--identity",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([key.display().to_string()])
-    .collect();
-    let mut relay_proc = net.spawn("inet", &relay_args, &dir.join("relay.log"));
+    let mut relay_proc = net.start_relay(&key, false, dir);
     // A node waiting for a run behind one NAT, the doctor behind the other.
     let mut flags = node_flags("192.168.1.2", 4001, 2, &quic, dir, "h1-1");
     flags.extend(["--identity".into(), node_key.display().to_string()]);

@@ -203,6 +203,24 @@ pub(crate) fn build_swarm(
     })
 }
 
+/// [`build_swarm`], listening on `addrs` (a failure names the address).
+pub(crate) fn listening_swarm(
+    keypair: Keypair,
+    cfg: &P2pConfig,
+    addrs: Vec<Multiaddr>,
+) -> Result<(Swarm<Behaviour>, Option<Metrics>), CommError> {
+    let (mut swarm, metrics) = build_swarm(keypair, cfg)?;
+    for addr in addrs {
+        swarm.listen_on(addr.clone()).map_err(|e| {
+            CommError::Network(format!(
+                "listen: cannot listen on `{addr}`: {}",
+                error_chain(&e)
+            ))
+        })?;
+    }
+    Ok((swarm, metrics))
+}
+
 /// Drives the swarm until the command channel closes: forwards connection
 /// events, records listen addresses, dials what it is asked to, and re-dials
 /// bootstrap addresses every second until the view is settled (peers may

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use libp2p::{Multiaddr, PeerId};
 use tokio::sync::mpsc;
 
-use super::addrs::{error_chain, parse_addrs, peer_in, strip_peer};
+use super::addrs::{parse_addrs, peer_in, strip_peer};
 use super::behaviour;
 use super::command::SwarmCmd;
 use super::config::{P2pConfig, RunIdentity};
@@ -90,15 +90,7 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
     let listen = Arc::new(Mutex::new(Vec::new()));
     let reach = Reach::default();
     let report = rt.block_on(async {
-        let (mut swarm, metrics) = behaviour::build_swarm(keypair, &p2p)?;
-        for addr in listen_addrs {
-            swarm.listen_on(addr.clone()).map_err(|e| {
-                CommError::Network(format!(
-                    "listen: cannot listen on `{addr}`: {}",
-                    error_chain(&e)
-                ))
-            })?;
-        }
+        let (swarm, metrics) = behaviour::listening_swarm(keypair, &p2p, listen_addrs)?;
         tokio::spawn(behaviour::run_swarm(
             swarm,
             swarm_rx,

@@ -11,7 +11,7 @@ use libp2p::Multiaddr;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
-use super::addrs::{error_chain, parse_addrs};
+use super::addrs::parse_addrs;
 use super::behaviour;
 use super::comm::with_peer_suffix;
 use super::command::SwarmCmd;
@@ -71,15 +71,7 @@ impl RelayServer {
         let reach = Reach::default();
         let wanted = listen_addrs.len();
         rt.block_on(async {
-            let (mut swarm, metrics) = behaviour::build_swarm(keypair, &cfg)?;
-            for addr in listen_addrs {
-                swarm.listen_on(addr.clone()).map_err(|e| {
-                    CommError::Network(format!(
-                        "listen: cannot listen on `{addr}`: {}",
-                        error_chain(&e)
-                    ))
-                })?;
-            }
+            let (swarm, metrics) = behaviour::listening_swarm(keypair, &cfg, listen_addrs)?;
             tokio::spawn(behaviour::run_swarm(
                 swarm,
                 swarm_rx,

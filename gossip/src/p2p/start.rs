@@ -8,7 +8,7 @@ use libp2p::Multiaddr;
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
 
-use super::addrs::{error_chain, parse_addrs};
+use super::addrs::parse_addrs;
 use super::behaviour::{self, NetEvent};
 use super::comm::{P2pComm, spawn_links, with_peer_suffix};
 use super::command::SwarmCmd;
@@ -78,15 +78,7 @@ impl P2pComm {
             board.clone(),
         ));
         let bound = rt.block_on(async {
-            let (mut swarm, metrics) = behaviour::build_swarm(keypair, &cfg)?;
-            for addr in listen_addrs {
-                swarm.listen_on(addr.clone()).map_err(|e| {
-                    CommError::Network(format!(
-                        "listen: cannot listen on `{addr}`: {}",
-                        error_chain(&e)
-                    ))
-                })?;
-            }
+            let (swarm, metrics) = behaviour::listening_swarm(keypair, &cfg, listen_addrs)?;
             let mut control = swarm.behaviour().stream.new_control();
             inbound::spawn_acceptors(&shared, &mut control).map_err(CommError::Network)?;
             membership.spawn_acceptor(&mut control)?;
