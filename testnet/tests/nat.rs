@@ -172,10 +172,10 @@ fn node_flags(
     f
 }
 
-/// The relay's identity file and the peer id it gives (`slowmo run
-/// peer-id`), so that nodes can be given its address before it starts.
-fn relay_identity(dir: &Path) -> (PathBuf, String) {
-    let key = dir.join("relay.key");
+/// An identity file `NAME.key` and the peer id it gives (`slowmo run
+/// peer-id`), so that nodes can be given an address before it starts.
+fn identity(dir: &Path, name: &str) -> (PathBuf, String) {
+    let key = dir.join(format!("{name}.key"));
     let out = Command::new(slowmo_bin())
         .args(["run", "peer-id", "--identity"])
         .arg(&key)
@@ -277,7 +277,7 @@ fn two_nodes_behind_nats_and_a_public_relay_member_train_like_the_simulator() {
     let sim = simulate(dir, 3, &train);
     // The public member serves as the relay; the others know its QUIC
     // address only.
-    let (key, id) = relay_identity(dir);
+    let (key, id) = identity(dir, "relay");
     let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
     let mut public = node_flags("10.200.0.1", 4001, 3, "", dir, "public");
     public.extend([
@@ -318,7 +318,7 @@ fn four_nodes_behind_two_nats_find_each_other_from_one_relay_address() {
     let train = train_flags(120);
     let sim = simulate(dir, 4, &train);
     // A stand-alone relay; the nodes know its TCP address only.
-    let (key, id) = relay_identity(dir);
+    let (key, id) = identity(dir, "relay");
     let mut relay = net.start_relay(&key, true, dir);
     let bootstrap = format!("/ip4/10.200.0.1/tcp/4001/p2p/{id}");
     let mut nodes = Vec::new();
@@ -358,7 +358,7 @@ fn a_node_behind_a_symmetric_nat_is_named_and_the_run_goes_on_without_it() {
     };
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let (key, id) = relay_identity(dir);
+    let (key, id) = identity(dir, "relay");
     let mut relay = net.start_relay(&key, false, dir);
     let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
     let mut nodes = Vec::new();
@@ -427,14 +427,8 @@ fn doctor_behind_a_nat_names_the_relay_and_the_punched_path_to_a_peer() {
     };
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let (key, relay) = relay_identity(dir);
-    let node_key = dir.join("node.key");
-    let out = Command::new(slowmo_bin())
-        .args(["run", "peer-id", "--identity"])
-        .arg(&node_key)
-        .output()
-        .unwrap();
-    let node = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (key, relay) = identity(dir, "relay");
+    let (node_key, node) = identity(dir, "node");
     let quic = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{relay}");
     let mut relay_proc = net.start_relay(&key, false, dir);
     // A node waiting for a run behind one NAT, the doctor behind the other.
