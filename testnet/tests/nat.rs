@@ -90,11 +90,17 @@ impl Internet {
     /// A stand-alone relay at 10.200.0.1, port 4001 (QUIC, and TCP if
     /// `tcp`), with the identity in `key`, for two minutes at most.
     fn start_relay(&self, key: &Path, tcp: bool, dir: &Path) -> Child {
+        self.start_relay_with(key, tcp, dir, &[])
+    }
+
+    /// [`Internet::start_relay`] with more flags.
+    fn start_relay_with(&self, key: &Path, tcp: bool, dir: &Path, extra: &[&str]) -> Child {
         let mut args: Vec<String> = ["relay", "--seconds", "120", "--identity"]
             .iter()
             .map(|s| s.to_string())
             .collect();
         args.push(key.display().to_string());
+        args.extend(extra.iter().map(|s| s.to_string()));
         args.extend(["--listen".into(), "/ip4/10.200.0.1/udp/4001/quic-v1".into()]);
         if tcp {
             args.extend(["--listen".into(), "/ip4/10.200.0.1/tcp/4001".into()]);
@@ -482,4 +488,48 @@ fn doctor_behind_a_nat_names_the_relay_and_the_punched_path_to_a_peer() {
         text.contains("behind a NAT, reachable through a relay"),
         "the advice:\n{text}"
     );
+}
+
+#[test]
+fn behind_a_symmetric_nat_tensors_cross_the_relay_when_both_opt_in() {
+    let test = "behind_a_symmetric_nat_tensors_cross_the_relay_when_both_opt_in";
+    let Some(net) = Internet::up(test, "e", 2, 1, "cone symmetric") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let train = train_flags(60);
+    let sim = simulate(dir, 2, &train);
+    let (key, id) = identity(dir, "relay");
+    let mut relay = net.start_relay_with(&key, false, dir, &["--carry-tensors"]);
+    let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
+    let mut nodes = Vec::new();
+    for k in 1..=2 {
+        let name = format!("h{k}-1");
+        let mut flags = node_flags(&format!("192.168.{k}.2"), 4001, 2, &bootstrap, dir, &name);
+        flags.push("--relay-tensors".into());
+        flags.extend(train.iter().cloned());
+        nodes.push((
+            name.clone(),
+            net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
+        ));
+    }
+    let results = wait_all(dir, nodes);
+    let _ = relay.kill();
+    let _ = relay.wait();
+    assert!(results.iter().all(|(_, ok)| *ok), "{results:?}");
+    for (name, _) in &results {
+        let params = std::fs::read(dir.join(format!("{name}.safetensors"))).unwrap();
+        assert!(
+            params == sim,
+            "{name}'s parameters differ from the simulator's"
+        );
+        let log = log_of(dir, name);
+        assert!(
+            log.contains("its tensors go over the relay, as --relay-tensors allows"),
+            "{name} did not say its tensors take the relay; log:\n{log}"
+        );
+        let summary = read_json(&dir.join(format!("{name}.json")));
+        assert_eq!(summary["connections"]["relayed"], 1, "{summary}");
+    }
 }

@@ -91,6 +91,7 @@ fn behaviour(
     relay_client: relay::client::Behaviour,
     mdns_on: bool,
     relay_server: bool,
+    relay_tensors: bool,
 ) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
     let local = key.public().to_peer_id();
     let mdns = if mdns_on {
@@ -106,7 +107,9 @@ fn behaviour(
         ping: ping::Behaviour::new(ping::Config::new()),
         mdns: Toggle::from(mdns),
         relay_client,
-        relay: Toggle::from(relay_server.then(|| relay::Behaviour::new(local, relay_config()))),
+        relay: Toggle::from(
+            relay_server.then(|| relay::Behaviour::new(local, relay_config(relay_tensors))),
+        ),
         dcutr: dcutr::Behaviour::new(local),
         autonat: autonat::v2::client::Behaviour::default(),
         autonat_server: Toggle::from(relay_server.then(autonat::v2::server::Behaviour::default)),
@@ -156,6 +159,7 @@ pub(crate) fn build_swarm(
     let idle_ms = idle_ms.min(u32::MAX as u128) as u32;
     let mdns_on = cfg.mdns;
     let relay_server = cfg.relay;
+    let relay_tensors = cfg.relay_tensors;
     let builder = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
         .with_tcp(
@@ -186,7 +190,9 @@ pub(crate) fn build_swarm(
             let mut registry = lock(registry);
             let swarm = builder
                 .with_bandwidth_metrics(&mut registry)
-                .with_behaviour(|key, client| behaviour(key, client, mdns_on, relay_server))
+                .with_behaviour(|key, client| {
+                    behaviour(key, client, mdns_on, relay_server, relay_tensors)
+                })
                 .map_err(|e| fail("behaviour", &e))?
                 .with_swarm_config(swarm_config)
                 .build();
@@ -194,7 +200,9 @@ pub(crate) fn build_swarm(
         }
         None => {
             let swarm = builder
-                .with_behaviour(|key, client| behaviour(key, client, mdns_on, relay_server))
+                .with_behaviour(|key, client| {
+                    behaviour(key, client, mdns_on, relay_server, relay_tensors)
+                })
                 .map_err(|e| fail("behaviour", &e))?
                 .with_swarm_config(swarm_config)
                 .build();

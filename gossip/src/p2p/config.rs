@@ -72,6 +72,11 @@ pub struct P2pConfig {
     /// at `external_addrs`); relayed connections carry the control plane
     /// and the hole punch, not tensors.
     pub relay: bool,
+    /// Send tensors to a peer reachable only through a relay over the relay
+    /// (off by default: a relay's bandwidth is shared, and tensors are
+    /// large). As a relay (`relay`): carry such circuits without a byte
+    /// limit.
+    pub relay_tensors: bool,
     /// Addresses at which this node is reachable from outside (a forwarded
     /// port, a public IP the machine does not see), taken as confirmed: they
     /// go in the hellos and in relay reservations.
@@ -235,6 +240,7 @@ impl P2pConfig {
             identity_file: None,
             mdns: false,
             relay: false,
+            relay_tensors: false,
             external_addrs: Vec::new(),
             nodes,
             min_nodes: 1,

@@ -16,11 +16,13 @@ use super::reach::{ConnectionKind, Reach};
 const CIRCUIT_DURATION: Duration = Duration::from_secs(24 * 3600);
 const CIRCUIT_BYTES: u64 = 64 << 20;
 
-/// The relay service of a node started with `relay`.
-pub(crate) fn relay_config() -> relay::Config {
+/// The relay service of a node started with `relay`; `tensors`: its
+/// circuits carry any number of bytes (the operator opted in to relaying
+/// tensors).
+pub(crate) fn relay_config(tensors: bool) -> relay::Config {
     relay::Config {
         max_circuit_duration: CIRCUIT_DURATION,
-        max_circuit_bytes: CIRCUIT_BYTES,
+        max_circuit_bytes: if tensors { 0 } else { CIRCUIT_BYTES },
         ..relay::Config::default()
     }
 }

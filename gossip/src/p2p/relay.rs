@@ -36,10 +36,13 @@ impl RelayServer {
     /// `identity_file` (created if missing) and serves until dropped.
     /// `external`: addresses it is reachable at besides its listen
     /// addresses (a forwarded port, a public IP the machine does not see).
+    /// `tensors`: circuits carry any number of bytes, for nodes that relay
+    /// tensors by choice (`--relay-tensors`).
     pub fn start(
         listen: &[String],
         identity_file: Option<&std::path::Path>,
         external: &[String],
+        tensors: bool,
     ) -> Result<Self, CommError> {
         let listen_addrs = parse_addrs("listen", listen)?;
         if listen_addrs.is_empty() {
@@ -58,6 +61,7 @@ impl RelayServer {
         let mut cfg = P2pConfig::new(run, 1, 1);
         cfg.listen = listen.to_vec();
         cfg.relay = true;
+        cfg.relay_tensors = tensors;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("slowmo-relay")

@@ -60,6 +60,13 @@ pub struct NodeArgs {
     /// (repeatable): a public IP the machine does not see, a forwarded port.
     #[arg(long)]
     pub external_address: Vec<String>,
+    /// Send tensors over a relay to a peer that no direct connection
+    /// reaches (its hole punch failed), instead of going on without it. A
+    /// relay's bandwidth is shared and every step's tensors cross it twice;
+    /// the relay must allow it (`slowmo relay --carry-tensors`, or
+    /// --relay with this flag).
+    #[arg(long)]
+    pub relay_tensors: bool,
     /// Seconds to wait for all nodes to join (and, below --min-nodes, for
     /// joiners).
     #[arg(long, default_value_t = 120)]
@@ -234,6 +241,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     p2p.identity_file = args.identity.clone();
     p2p.mdns = args.mdns;
     p2p.relay = args.relay;
+    p2p.relay_tensors = args.relay_tensors;
     p2p.external_addrs = args.external_address.clone();
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
     p2p.min_nodes = args.min_nodes;

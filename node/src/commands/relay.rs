@@ -25,6 +25,11 @@ pub struct RelayArgs {
     /// (repeatable): a public IP the machine does not see, a forwarded port.
     #[arg(long)]
     pub external_address: Vec<String>,
+    /// Let circuits carry any number of bytes, for nodes that send tensors
+    /// over the relay by choice (--relay-tensors); by default a circuit
+    /// carries 64 MiB, a run's control plane.
+    #[arg(long)]
+    pub carry_tensors: bool,
     /// Stop after this many seconds (default: until a signal).
     #[arg(long)]
     pub seconds: Option<u64>,
@@ -35,6 +40,7 @@ pub fn run(args: RelayArgs) -> anyhow::Result<()> {
         &args.listen,
         args.identity.as_deref(),
         &args.external_address,
+        args.carry_tensors,
     )
     .context("starting the relay")?;
     println!("relay {} listening; give nodes one of:", relay.peer_id());

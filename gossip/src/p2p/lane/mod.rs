@@ -616,7 +616,22 @@ async fn run_link(
     if let Some(why) = session.unreachable() {
         // Behind a NAT: the frames take our libp2p connection, once it is
         // direct (hole-punched); a relay carries no tensors.
-        if !wait_direct(&shared, &peer).await {
+        let direct = wait_direct(&shared, &peer).await;
+        if !direct && shared.cfg.relay_tensors {
+            tracing::warn!(%peer, "{peer} is reachable only through a relay and its lane port cannot be dialed ({why}): its tensors go over the relay, as --relay-tensors allows; the relay's bandwidth paces them");
+            crate::p2p::links::run_link(
+                shared,
+                lanes.control.clone(),
+                peer,
+                protocol,
+                rx,
+                first,
+                true,
+            )
+            .await;
+            return;
+        }
+        if !direct {
             let punch = shared
                 .reach
                 .snapshot()
