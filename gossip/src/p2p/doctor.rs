@@ -90,7 +90,7 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
     let listen = Arc::new(Mutex::new(Vec::new()));
     let reach = Reach::default();
     let report = rt.block_on(async {
-        let (swarm, metrics) = behaviour::listening_swarm(keypair, &p2p, listen_addrs)?;
+        let (swarm, metrics) = super::swarm::listening_swarm(keypair, &p2p, listen_addrs)?;
         tokio::spawn(behaviour::run_swarm(
             swarm,
             swarm_rx,

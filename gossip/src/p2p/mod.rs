@@ -58,6 +58,7 @@ mod relay;
 mod run_id;
 mod start;
 mod state;
+mod swarm;
 mod throttle;
 mod udp;
 mod views;

@@ -31,6 +31,12 @@ pub(crate) fn relay_config(tensors: bool) -> relay::Config {
 /// dialed too.
 pub(crate) const RELAYED_DIAL_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a peer whose last connection was a relayed one stays
+/// connected in the membership's eyes after it closed: its side of a
+/// punched connection may be up before ours, and it closes the relayed one
+/// then.
+pub(crate) const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 /// How long a relayed dial waits when the peer's id is below ours: two
 /// peers that find each other at once would each open a relayed connection
 /// and start two hole punches on the same ports, which reset each other;

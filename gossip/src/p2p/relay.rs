@@ -75,7 +75,7 @@ impl RelayServer {
         let reach = Reach::default();
         let wanted = listen_addrs.len();
         rt.block_on(async {
-            let (swarm, metrics) = behaviour::listening_swarm(keypair, &cfg, listen_addrs)?;
+            let (swarm, metrics) = super::swarm::listening_swarm(keypair, &cfg, listen_addrs)?;
             tokio::spawn(behaviour::run_swarm(
                 swarm,
                 swarm_rx,

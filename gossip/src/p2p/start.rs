@@ -78,7 +78,7 @@ impl P2pComm {
             board.clone(),
         ));
         let bound = rt.block_on(async {
-            let (swarm, metrics) = behaviour::listening_swarm(keypair, &cfg, listen_addrs)?;
+            let (swarm, metrics) = super::swarm::listening_swarm(keypair, &cfg, listen_addrs)?;
             let mut control = swarm.behaviour().stream.new_control();
             inbound::spawn_acceptors(&shared, &mut control).map_err(CommError::Network)?;
             membership.spawn_acceptor(&mut control)?;
