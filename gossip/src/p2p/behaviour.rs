@@ -305,8 +305,10 @@ pub(crate) async fn run_swarm(
                             r.relay_only.remove(&peer_id);
                         }
                         let entry = r.peers.entry(peer_id).or_default();
-                        if let Some(ip) = remote_ip.filter(|ip| !relayed && !entry.remote_ips.contains(ip)) {
-                            entry.remote_ips.push(ip);
+                        match remote_ip {
+                            Some(ip) if !relayed && !entry.remote_ips.contains(&ip) => entry.remote_ips.push(ip),
+                            None if !relayed => entry.unresolved = true,
+                            _ => {}
                         }
                         // A direct connection beside a relayed one: a hole
                         // punch got through (either side may have dialed).

@@ -57,6 +57,21 @@ pub struct PeerReach {
     /// where the peer is reachable from here. A peer behind a NAT
     /// announces private addresses; its connections come from its NAT's.
     pub remote_ips: Vec<std::net::IpAddr>,
+    /// A direct connection went to a name (`/dns4/...`), whose IP libp2p
+    /// does not report: where the peer is reachable is not known, and its
+    /// lane addresses are all tried.
+    pub unresolved: bool,
+}
+
+impl PeerReach {
+    /// Of the peer's lane addresses, those to dial ([`dialable_lane_addrs`],
+    /// or all when a connection to it went to a name).
+    pub(crate) fn lane_addrs(&self, announced: &[String]) -> Result<Vec<String>, String> {
+        if self.unresolved {
+            return Ok(announced.to_vec());
+        }
+        dialable_lane_addrs(announced, &self.remote_ips)
+    }
 }
 
 /// What this node knows of its reachability.
@@ -207,6 +222,12 @@ mod tests {
                 .contains("only through a relay")
         );
         assert!(dialable_lane_addrs(&[], &[lan]).unwrap().is_empty());
+        // Reached at a name: every announced address is tried.
+        let named = PeerReach {
+            unresolved: true,
+            ..Default::default()
+        };
+        assert_eq!(named.lane_addrs(&announced).unwrap(), announced);
     }
 
     #[test]

@@ -105,14 +105,14 @@ pub(crate) async fn open(
     // Only at an IP where we reach the peer: behind a NAT its announced
     // (private) addresses are not dialable from here, and a dial there may
     // hang until its timeout, or reach another machine.
-    let remote_ips = shared
+    let reach = shared
         .reach
         .snapshot()
         .peers
         .get(&session.peer)
-        .map(|p| p.remote_ips.clone())
+        .cloned()
         .unwrap_or_default();
-    let addrs = match super::super::reach::dialable_lane_addrs(&addrs, &remote_ips) {
+    let addrs = match reach.lane_addrs(&addrs) {
         Ok(a) => a,
         Err(why) => {
             tracing::debug!(peer = %session.peer, "no data lane to {}: {why}", session.peer);

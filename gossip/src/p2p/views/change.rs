@@ -223,19 +223,16 @@ impl P2pComm {
             // Only where we reach the peer: a private address of a peer
             // behind a NAT may be another machine here, whose refusal
             // says nothing of the peer.
-            let remote_ips = self
+            let addrs = self
                 .shared
                 .reach
                 .snapshot()
                 .peers
                 .get(peer)
-                .map(|p| p.remote_ips.clone())
+                .cloned()
+                .unwrap_or_default()
+                .lane_addrs(&self.membership.lane_addrs_of(peer))
                 .unwrap_or_default();
-            let addrs = crate::p2p::reach::dialable_lane_addrs(
-                &self.membership.lane_addrs_of(peer),
-                &remote_ips,
-            )
-            .unwrap_or_default();
             if addrs.is_empty() {
                 continue;
             }
