@@ -159,11 +159,7 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
             peer: peer.map(|(id, _)| PeerCheck {
                 peer: id.to_string(),
                 kind: reach.kind_of(&id),
-                punch_error: reach
-                    .snapshot()
-                    .peers
-                    .get(&id)
-                    .and_then(|p| p.punch_error.clone()),
+                punch_error: reach.peer(&id).punch_error,
             }),
         })
     });

@@ -142,6 +142,16 @@ impl Reach {
     pub fn kind_of(&self, peer: &PeerId) -> Option<ConnectionKind> {
         lock(&self.0).peers.get(peer).and_then(|p| p.kind)
     }
+
+    /// What we know of `peer` (nothing yet: the default).
+    pub fn peer(&self, peer: &PeerId) -> PeerReach {
+        lock(&self.0).peers.get(peer).cloned().unwrap_or_default()
+    }
+
+    /// Why `peer` is left out as reachable only through a relay, if it is.
+    pub fn relay_only(&self, peer: &PeerId) -> Option<String> {
+        lock(&self.0).relay_only.get(peer).cloned()
+    }
 }
 
 /// The IP of a direct address (`None` for a relayed one: its IP is the

@@ -105,14 +105,7 @@ pub(crate) async fn open(
     // Only at an IP where we reach the peer: behind a NAT its announced
     // (private) addresses are not dialable from here, and a dial there may
     // hang until its timeout, or reach another machine.
-    let reach = shared
-        .reach
-        .snapshot()
-        .peers
-        .get(&session.peer)
-        .cloned()
-        .unwrap_or_default();
-    let addrs = match reach.lane_addrs(&addrs) {
+    let addrs = match shared.reach.peer(&session.peer).lane_addrs(&addrs) {
         Ok(a) => a,
         Err(why) => {
             tracing::debug!(peer = %session.peer, "no data lane to {}: {why}", session.peer);

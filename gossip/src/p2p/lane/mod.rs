@@ -617,27 +617,11 @@ async fn run_link(
         // Behind a NAT: the frames take our libp2p connection, once it is
         // direct (hole-punched); a relay carries no tensors.
         let direct = wait_direct(&shared, &peer).await;
-        if !direct && shared.cfg.relay_tensors {
-            tracing::warn!(%peer, "{peer} is reachable only through a relay and its lane port cannot be dialed ({why}): its tensors go over the relay, as --relay-tensors allows; the relay's bandwidth paces them");
-            crate::p2p::links::run_link(
-                shared,
-                lanes.control.clone(),
-                peer,
-                protocol,
-                rx,
-                first,
-                true,
-            )
-            .await;
-            return;
-        }
-        if !direct {
+        if !direct && !shared.cfg.relay_tensors {
             let punch = shared
                 .reach
-                .snapshot()
-                .peers
-                .get(&peer)
-                .and_then(|p| p.punch_error.clone())
+                .peer(&peer)
+                .punch_error
                 .unwrap_or_else(|| "no hole punch succeeded".into());
             tracing::error!(%peer, "{peer} is reachable only through a relay ({punch}) and its lane port cannot be dialed ({why}); relays carry no tensors, so the run goes on without it");
             let reason =
@@ -651,7 +635,11 @@ async fn run_link(
             drain(&shared, first, &mut rx).await;
             return;
         }
-        tracing::info!(%peer, "{peer}'s lane port cannot be dialed ({why}); its frames take the direct libp2p connection");
+        if direct {
+            tracing::info!(%peer, "{peer}'s lane port cannot be dialed ({why}); its frames take the direct libp2p connection");
+        } else {
+            tracing::warn!(%peer, "{peer} is reachable only through a relay and its lane port cannot be dialed ({why}): its tensors go over the relay, as --relay-tensors allows; the relay's bandwidth paces them");
+        }
         crate::p2p::links::run_link(
             shared,
             lanes.control.clone(),

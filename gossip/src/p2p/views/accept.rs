@@ -203,7 +203,7 @@ fn on_view_msg(
             if !membership.is_verified(&peer) {
                 return Err("join request from a peer that did not pass the handshake".into());
             }
-            if let Some(why) = shared.reach.snapshot().relay_only.get(&peer) {
+            if let Some(why) = shared.reach.relay_only(&peer) {
                 // Not an offence: it cannot know. Its own log names us as
                 // reachable only through the relay too.
                 tracing::debug!(%peer, "join request of {peer} not taken: {why}");

@@ -226,11 +226,7 @@ impl P2pComm {
             let addrs = self
                 .shared
                 .reach
-                .snapshot()
-                .peers
-                .get(peer)
-                .cloned()
-                .unwrap_or_default()
+                .peer(peer)
                 .lane_addrs(&self.membership.lane_addrs_of(peer))
                 .unwrap_or_default();
             if addrs.is_empty() {
