@@ -264,6 +264,19 @@ impl P2pConfig {
         }
     }
 
+    /// The config of a swarm that joins no run (the relay, the doctor):
+    /// `listen` and the defaults, under the run id `name`.
+    pub(crate) fn outside_run(name: &str, listen: &[String]) -> Self {
+        let run = RunIdentity {
+            run_id: name.into(),
+            config_hash: String::new(),
+            init_hash: String::new(),
+        };
+        let mut cfg = Self::new(run, 1, 1);
+        cfg.listen = listen.to_vec();
+        cfg
+    }
+
     /// Compresses push-sum shares with `codec` ([`crate::compress`]).
     pub fn with_compression(mut self, codec: crate::compress::Compression) -> Self {
         self.compress = codec;

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use super::addrs::{parse_addrs, peer_in, strip_peer};
 use super::behaviour;
 use super::command::SwarmCmd;
-use super::config::{P2pConfig, RunIdentity};
+use super::config::P2pConfig;
 use super::identity;
 use super::nat::NatSetup;
 use super::reach::{ConnectionKind, Reach, ReachState};
@@ -73,13 +73,7 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
     };
     let keypair = identity::load_or_create(None)?;
     let local = keypair.public().to_peer_id();
-    let run = RunIdentity {
-        run_id: "doctor".into(),
-        config_hash: String::new(),
-        init_hash: String::new(),
-    };
-    let mut p2p = P2pConfig::new(run, 1, 1);
-    p2p.listen = cfg.listen.clone();
+    let p2p = P2pConfig::outside_run("doctor", &cfg.listen);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -15,7 +15,7 @@ use super::addrs::parse_addrs;
 use super::behaviour;
 use super::comm::with_peer_suffix;
 use super::command::SwarmCmd;
-use super::config::{P2pConfig, RunIdentity};
+use super::config::P2pConfig;
 use super::identity;
 use super::nat::NatSetup;
 use super::reach::{Reach, ReachState};
@@ -53,13 +53,7 @@ impl RelayServer {
         let external = parse_addrs("external address", external)?;
         let keypair = identity::load_or_create(identity_file)?;
         let local = keypair.public().to_peer_id();
-        let run = RunIdentity {
-            run_id: "relay".into(),
-            config_hash: String::new(),
-            init_hash: String::new(),
-        };
-        let mut cfg = P2pConfig::new(run, 1, 1);
-        cfg.listen = listen.to_vec();
+        let mut cfg = P2pConfig::outside_run("relay", listen);
         cfg.relay = true;
         cfg.relay_tensors = tensors;
         let rt = tokio::runtime::Builder::new_multi_thread()
