@@ -460,6 +460,8 @@ fn doctor_behind_a_nat_names_the_relay_and_the_punched_path_to_a_peer() {
             &format!("{quic}/p2p-circuit/p2p/{node}"),
             "--seconds",
             "8",
+            // No router here answers UPnP: the doctor says so.
+            "--upnp",
         ])
         .output()
         .unwrap();
@@ -490,6 +492,11 @@ fn doctor_behind_a_nat_names_the_relay_and_the_punched_path_to_a_peer() {
     assert!(
         text.contains("behind a NAT, reachable through a relay"),
         "the advice:\n{text}"
+    );
+    assert!(
+        text.contains("UPnP             no gateway answered")
+            && text.contains("no UPnP gateway answered: the router has UPnP IGD off"),
+        "the router's silence to UPnP:\n{text}"
     );
 }
 
@@ -534,5 +541,136 @@ fn behind_a_symmetric_nat_tensors_cross_the_relay_when_both_opt_in() {
         );
         let summary = read_json(&dir.join(format!("{name}.json")));
         assert_eq!(summary["connections"]["relayed"], 1, "{summary}");
+    }
+}
+
+/// Waits up to `limit` for `ok`; whether it came.
+fn wait_until(limit: std::time::Duration, mut ok: impl FnMut() -> bool) -> bool {
+    let started = std::time::Instant::now();
+    while !ok() {
+        if started.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    true
+}
+
+#[test]
+fn a_node_behind_a_third_nat_joins_mid_run_from_the_relay_address_alone() {
+    use slowmo_runspec::gate;
+    let test = "a_node_behind_a_third_nat_joins_mid_run_from_the_relay_address_alone";
+    let Some(net) = Internet::up(test, "f", 3, 1, "cone") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let (key, id) = identity(dir, "relay");
+    let mut relay = net.start_relay(&key, false, dir);
+    let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
+    // Two members behind two NATs hold before step 100 (the local
+    // testnet's step gate) until the joiner has asked to join.
+    const AT: u64 = 100;
+    let gate_of = |name: &str| dir.join(format!("gate-{name}"));
+    let mut nodes = Vec::new();
+    for k in 1..=2 {
+        let name = format!("h{k}-1");
+        let mut flags = node_flags(&format!("192.168.{k}.2"), 4001, 2, &bootstrap, dir, &name);
+        flags.extend(train_flags(400));
+        flags.extend([
+            "--hold-at".into(),
+            AT.to_string(),
+            "--gate-dir".into(),
+            gate_of(&name).display().to_string(),
+        ]);
+        nodes.push((
+            name.clone(),
+            net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
+        ));
+    }
+    let members = ["h1-1", "h2-1"];
+    let held = wait_until(std::time::Duration::from_secs(60), || {
+        members
+            .iter()
+            .all(|m| gate::read_held(&gate_of(m), AT).is_some())
+    });
+    assert!(
+        held,
+        "the members did not reach step {AT}; logs:\n{}\n{}",
+        log_of(dir, "h1-1"),
+        log_of(dir, "h2-1")
+    );
+    // The joiner, behind a third NAT, knows the relay's address only: it
+    // finds the members at the rendezvous point, punches through to both
+    // and asks to join.
+    let name = "h3-1".to_string();
+    let mut flags = node_flags("192.168.3.2", 4001, 2, &bootstrap, dir, &name);
+    flags.extend(train_flags(400));
+    nodes.push((
+        name.clone(),
+        net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
+    ));
+    let asked = wait_until(std::time::Duration::from_secs(60), || {
+        members
+            .iter()
+            .any(|m| gate::read_held(&gate_of(m), AT).is_some_and(|n| n >= 1))
+    });
+    for m in members {
+        gate::open(&gate_of(m), AT).unwrap();
+    }
+    assert!(
+        asked,
+        "no member heard the joiner ask to join; its log:\n{}",
+        log_of(dir, &name)
+    );
+    let results = wait_all(dir, nodes);
+    let _ = relay.kill();
+    let _ = relay.wait();
+    assert!(results.iter().all(|(_, ok)| *ok), "{results:?}");
+
+    // It was admitted from the members' barrier, and all three end with
+    // the same model over direct connections.
+    let joiner = read_json(&dir.join("h3-1.json"));
+    assert_eq!(joiner["completed"], true, "{joiner}");
+    let admitted = &joiner["view_changes"][0];
+    assert_eq!(admitted["rejoined"], true, "{joiner}");
+    assert_eq!(admitted["world"], 3, "{joiner}");
+    assert!(
+        admitted["resumed_from"].as_u64().unwrap_or(0) >= AT,
+        "it went on from the members' barrier: {joiner}"
+    );
+    let joiner_id = joiner["peer_id"].as_str().unwrap().to_string();
+    let first = std::fs::read(dir.join("h1-1.safetensors")).unwrap();
+    for (name, _) in &results {
+        let s = read_json(&dir.join(format!("{name}.json")));
+        assert_eq!(s["steps"], 400, "{name}: {s}");
+        assert_eq!(s["members"].as_array().map(|m| m.len()), Some(3), "{s}");
+        if name != "h3-1" {
+            let joined = s["view_changes"]
+                .as_array()
+                .map(|v| {
+                    v.iter().any(|c| {
+                        c["joined"]
+                            .as_array()
+                            .is_some_and(|j| j.iter().any(|p| p == &joiner_id))
+                    })
+                })
+                .unwrap_or(false);
+            assert!(
+                joined,
+                "{name} recorded no view change admitting the joiner: {s}"
+            );
+        }
+        assert!(
+            std::fs::read(dir.join(format!("{name}.safetensors"))).unwrap() == first,
+            "{name}'s parameters differ from h1-1's"
+        );
+        let c = &s["connections"];
+        assert_eq!(
+            c["relayed"], 0,
+            "{name} ended with a relayed connection: {c}"
+        );
+        let direct = c["direct"].as_u64().unwrap_or(0) + c["hole_punched"].as_u64().unwrap_or(0);
+        assert!(direct >= 2, "{name} reaches both others directly: {c}");
     }
 }

@@ -22,7 +22,7 @@ use libp2p::metrics::Metrics;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{DialError, ListenError, SwarmEvent};
-use libp2p::{Multiaddr, PeerId, Swarm, autonat, dcutr, identify, mdns, relay, rendezvous};
+use libp2p::{Multiaddr, PeerId, Swarm, autonat, dcutr, identify, mdns, relay, rendezvous, upnp};
 use tokio::sync::mpsc;
 
 use super::addrs::{error_chain, log_dial_error, peer_in, quic_first, strip_peer};
@@ -31,7 +31,7 @@ use super::nat::{
     DISCOVER_EVERY, NatSetup, REGISTER_EVERY, RELAYED_CLOSE_GRACE, connection_kind, is_loopback,
     relay_of, relayed_dial_delay,
 };
-use super::reach::{ConnectionKind, is_relayed};
+use super::reach::{ConnectionKind, Reach, Upnp, is_relayed};
 use super::swarm::{Behaviour, BehaviourEvent, record};
 use crate::sync::lock;
 
@@ -516,6 +516,7 @@ pub(crate) async fn run_swarm(
                         }
                     }
                 }
+                SwarmEvent::Behaviour(BehaviourEvent::Upnp(e)) => on_upnp(&reach, e),
                 SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(found))) => {
                     for (peer, addr) in found {
                         swarm.add_peer_address(peer, addr.clone());
@@ -549,9 +550,16 @@ fn dial_peer(
         return;
     }
     let (relayed, mut addrs): (Vec<_>, Vec<_>) = addrs.into_iter().partition(is_relayed);
+    // The head start runs from the first request: asked again before it
+    // is over (a rendezvous point answers every few seconds), the dial
+    // keeps its time, or a head start longer than the asking would put it
+    // off for ever.
     if !relayed.is_empty() {
         let after = tokio::time::Instant::now() + relayed_dial_delay(swarm.local_peer_id(), &peer);
-        relayed_dials.insert(peer, (after, relayed));
+        relayed_dials
+            .entry(peer)
+            .and_modify(|(_, addrs)| *addrs = relayed.clone())
+            .or_insert((after, relayed));
     }
     if addrs.is_empty() {
         return;
@@ -566,5 +574,53 @@ fn dial_peer(
         .build();
     if let Err(e) = swarm.dial(opts) {
         tracing::debug!(%peer, "dial failed: {e}");
+    }
+}
+
+/// Records and logs what the router answered to UPnP (the behaviour has
+/// already told the swarm of a mapped address, which goes in our hellos).
+fn on_upnp(reach: &Reach, event: upnp::Event) {
+    match event {
+        upnp::Event::NewExternalAddr {
+            local_addr,
+            external_addr,
+        } => {
+            tracing::info!(%external_addr, "the router maps {local_addr} at {external_addr} (UPnP): reachable from outside there");
+            reach.update(|r| {
+                if !r.confirmed.contains(&external_addr) {
+                    r.confirmed.push(external_addr.clone());
+                }
+                match &mut r.upnp {
+                    Some(Upnp::Mapped(m)) => {
+                        m.insert(local_addr, external_addr);
+                    }
+                    other => *other = Some(Upnp::Mapped([(local_addr, external_addr)].into())),
+                }
+            });
+        }
+        upnp::Event::ExpiredExternalAddr {
+            local_addr,
+            external_addr,
+        } => {
+            tracing::warn!(%external_addr, "the router no longer maps {local_addr} at {external_addr} (UPnP: the renewal failed)");
+            reach.update(|r| {
+                r.confirmed.retain(|a| *a != external_addr);
+                if let Some(Upnp::Mapped(m)) = &mut r.upnp {
+                    m.remove(&local_addr);
+                }
+            });
+        }
+        upnp::Event::GatewayNotFound => {
+            tracing::warn!(
+                "UPnP: no gateway answered on this network; no port is mapped (--upnp needs a router with UPnP IGD on)"
+            );
+            reach.update(|r| r.upnp = Some(Upnp::NoGateway));
+        }
+        upnp::Event::NonRoutableGateway => {
+            tracing::warn!(
+                "UPnP: the gateway's external address is private (it is behind another NAT): a mapping there would not make this node reachable"
+            );
+            reach.update(|r| r.upnp = Some(Upnp::NonRoutable));
+        }
     }
 }

@@ -77,6 +77,10 @@ pub struct P2pConfig {
     /// large). As a relay (`relay`): carry such circuits without a byte
     /// limit.
     pub relay_tensors: bool,
+    /// Ask the router for port mappings of the listen ports by UPnP IGD
+    /// (where the router allows it): a mapped port makes the node
+    /// reachable from outside, and the mapping is its external address.
+    pub upnp: bool,
     /// Addresses at which this node is reachable from outside (a forwarded
     /// port, a public IP the machine does not see), taken as confirmed: they
     /// go in the hellos and in relay reservations.
@@ -241,6 +245,7 @@ impl P2pConfig {
             mdns: false,
             relay: false,
             relay_tensors: false,
+            upnp: false,
             external_addrs: Vec::new(),
             nodes,
             min_nodes: 1,

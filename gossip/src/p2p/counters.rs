@@ -137,6 +137,7 @@ pub fn reason_name(reason: &Reject) -> &'static str {
         Reject::TooManyBuffered { .. } => "too_many_buffered",
         Reject::Duplicate { .. } => "duplicate",
         Reject::Truncated { .. } => "truncated",
+        Reject::Membership(_) => "membership",
         Reject::NonFinite { .. } => "non_finite",
         Reject::Checksum { .. } => "checksum",
         Reject::Weight(_) => "weight",

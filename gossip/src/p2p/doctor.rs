@@ -29,14 +29,22 @@ pub struct DoctorConfig {
     /// A peer to reach (a multiaddr ending in `/p2p/<id>`, direct or
     /// relayed).
     pub peer: Option<String>,
-    /// How long to watch.
+    /// How long to watch (with `upnp`, at least [`UPNP_WAIT`]).
     pub wait: Duration,
+    /// Ask the router for port mappings by UPnP, as the node would.
+    pub upnp: bool,
 }
+
+/// How long the doctor waits for the router's answer to UPnP (its search
+/// gives up after 10 s).
+pub const UPNP_WAIT: Duration = Duration::from_secs(12);
 
 /// What the check found.
 #[derive(Debug, Clone)]
 pub struct DoctorReport {
     pub peer_id: String,
+    /// UPnP was asked for.
+    pub upnp: bool,
     pub listen: Vec<String>,
     pub reach: ReachState,
     /// The bootstrap addresses and whether a connection to each opened.
@@ -73,7 +81,13 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
     };
     let keypair = identity::load_or_create(None)?;
     let local = keypair.public().to_peer_id();
-    let p2p = P2pConfig::outside_run("doctor", &cfg.listen);
+    let mut p2p = P2pConfig::outside_run("doctor", &cfg.listen);
+    p2p.upnp = cfg.upnp;
+    let wait = if cfg.upnp {
+        cfg.wait.max(UPNP_WAIT)
+    } else {
+        cfg.wait
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -104,9 +118,9 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
         let mut asked = false;
         let mut reached: Vec<Multiaddr> = Vec::new();
         let mut connected: Vec<PeerId> = Vec::new();
-        while started.elapsed() < cfg.wait {
+        while started.elapsed() < wait {
             if !asked
-                && started.elapsed() >= cfg.wait / 4
+                && started.elapsed() >= wait / 4
                 && let Some((id, addr)) = &peer
             {
                 let _ = swarm_tx.send(SwarmCmd::Dial {
@@ -131,7 +145,8 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
                     reach.kind_of(id),
                     Some(ConnectionKind::Direct | ConnectionKind::HolePunched)
                 )
-                && started.elapsed() >= cfg.wait / 2
+                && started.elapsed() >= wait / 2
+                && (!cfg.upnp || reach.snapshot().upnp.is_some())
             {
                 break;
             }
@@ -147,6 +162,7 @@ pub fn check(cfg: &DoctorConfig) -> Result<DoctorReport, CommError> {
             .collect();
         Ok::<_, CommError>(DoctorReport {
             peer_id: local.to_string(),
+            upnp: cfg.upnp,
             listen: lock(&listen).iter().map(|a| a.to_string()).collect(),
             reach: reach.snapshot(),
             bootstrap,

@@ -97,6 +97,21 @@ pub struct ReachState {
     /// dialed either: no tensor can go there, so they are left out of the
     /// run (their join requests refused) until a direct connection opens.
     pub relay_only: BTreeMap<PeerId, String>,
+    /// What the router said to UPnP (`upnp` on); `None` before it answered
+    /// (the search gives up after 10 s).
+    pub upnp: Option<Upnp>,
+}
+
+/// The router's answer to UPnP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upnp {
+    /// Listen addresses the router maps, with the external address of each.
+    Mapped(BTreeMap<Multiaddr, Multiaddr>),
+    /// No UPnP gateway answered on this network.
+    NoGateway,
+    /// The gateway's own external address is private (it sits behind
+    /// another NAT): its mappings would not make us reachable.
+    NonRoutable,
 }
 
 impl ReachState {

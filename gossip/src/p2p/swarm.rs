@@ -23,7 +23,7 @@ use libp2p::swarm::SwarmEvent;
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::{
     Multiaddr, Swarm, autonat, dcutr, identify, identity::Keypair, mdns, noise, ping, quic, relay,
-    rendezvous, tcp, yamux,
+    rendezvous, tcp, upnp, yamux,
 };
 
 use super::addrs::error_chain;
@@ -46,6 +46,7 @@ pub(crate) struct Behaviour {
     autonat_server: Toggle<autonat::v2::server::Behaviour>,
     pub rendezvous: rendezvous::client::Behaviour,
     rendezvous_server: Toggle<rendezvous::server::Behaviour>,
+    upnp: Toggle<upnp::tokio::Behaviour>,
     pub stream: libp2p_stream::Behaviour,
 }
 
@@ -56,6 +57,7 @@ fn behaviour(
     mdns_on: bool,
     relay_server: bool,
     relay_tensors: bool,
+    upnp_on: bool,
 ) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
     let local = key.public().to_peer_id();
     let mdns = if mdns_on {
@@ -82,6 +84,7 @@ fn behaviour(
             relay_server
                 .then(|| rendezvous::server::Behaviour::new(rendezvous::server::Config::default())),
         ),
+        upnp: Toggle::from(upnp_on.then(upnp::tokio::Behaviour::default)),
         stream: libp2p_stream::Behaviour::new(),
     })
 }
@@ -124,6 +127,7 @@ pub(crate) fn build_swarm(
     let mdns_on = cfg.mdns;
     let relay_server = cfg.relay;
     let relay_tensors = cfg.relay_tensors;
+    let upnp_on = cfg.upnp;
     let builder = libp2p::SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
         .with_tcp(
@@ -155,7 +159,7 @@ pub(crate) fn build_swarm(
             let swarm = builder
                 .with_bandwidth_metrics(&mut registry)
                 .with_behaviour(|key, client| {
-                    behaviour(key, client, mdns_on, relay_server, relay_tensors)
+                    behaviour(key, client, mdns_on, relay_server, relay_tensors, upnp_on)
                 })
                 .map_err(|e| fail("behaviour", &e))?
                 .with_swarm_config(swarm_config)
@@ -165,7 +169,7 @@ pub(crate) fn build_swarm(
         None => {
             let swarm = builder
                 .with_behaviour(|key, client| {
-                    behaviour(key, client, mdns_on, relay_server, relay_tensors)
+                    behaviour(key, client, mdns_on, relay_server, relay_tensors, upnp_on)
                 })
                 .map_err(|e| fail("behaviour", &e))?
                 .with_swarm_config(swarm_config)

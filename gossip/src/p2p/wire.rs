@@ -179,6 +179,9 @@ pub enum Reject {
     Weight(f64),
     #[error("{0}")]
     Coded(CodecError),
+    /// A view message or state transfer refused (it names what was wrong).
+    #[error("{0}")]
+    Membership(String),
 }
 
 impl From<crate::ledger::Refusal> for Reject {

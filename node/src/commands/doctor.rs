@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use slowmo_gossip::p2p::doctor::{DoctorConfig, DoctorReport, check};
-use slowmo_gossip::p2p::reach::ConnectionKind;
+use slowmo_gossip::p2p::reach::{ConnectionKind, Upnp};
 
 /// Arguments of `slowmo doctor`.
 #[derive(Debug, clap::Args)]
@@ -27,9 +27,13 @@ pub struct DoctorArgs {
     /// .../p2p/<relay>/p2p-circuit/p2p/<id>, for a peer behind a NAT).
     #[arg(long)]
     pub peer: Option<String>,
-    /// Seconds to watch.
+    /// Seconds to watch (with --upnp, at least 12: the router's answer).
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Ask the router for port mappings by UPnP, as `slowmo node --upnp`
+    /// would, and report its answer.
+    #[arg(long)]
+    pub upnp: bool,
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
@@ -39,6 +43,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         external: args.external_address.clone(),
         peer: args.peer.clone(),
         wait: Duration::from_secs(args.seconds.max(2)),
+        upnp: args.upnp,
     })
     .context("checking the network")?;
     print!("{}", render(&report));
@@ -78,6 +83,37 @@ pub fn render(r: &DoctorReport) -> String {
         ));
     }
     let mut advice: Vec<String> = Vec::new();
+    match &reach.upnp {
+        None if r.upnp => line("UPnP             no answer from a gateway in time".into()),
+        None => {}
+        Some(Upnp::Mapped(m)) if m.is_empty() => {
+            line("UPnP             the router's mappings expired".into())
+        }
+        Some(Upnp::Mapped(m)) => {
+            for (local, external) in m {
+                line(format!(
+                    "UPnP             the router maps {local} at {external}"
+                ));
+            }
+        }
+        Some(Upnp::NoGateway) => {
+            line("UPnP             no gateway answered".into());
+            advice.push(
+                "no UPnP gateway answered: the router has UPnP IGD off, or there is none on \
+                 this network; forward the ports by hand, or rely on a relay and hole punching"
+                    .into(),
+            );
+        }
+        Some(Upnp::NonRoutable) => {
+            line("UPnP             the gateway is behind another NAT (its external address is private)".into());
+            advice.push(
+                "the UPnP gateway is itself behind a NAT (carrier-grade NAT, or a second \
+                 router): its mappings do not make this node reachable; rely on a relay and \
+                 hole punching"
+                    .into(),
+            );
+        }
+    }
     if r.bootstrap.iter().all(|(_, ok)| !ok) {
         advice.push(
             "no bootstrap address answered: check the address (with its /p2p/<id>), that the \

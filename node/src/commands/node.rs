@@ -67,6 +67,11 @@ pub struct NodeArgs {
     /// --relay with this flag).
     #[arg(long)]
     pub relay_tensors: bool,
+    /// Ask the router for port mappings of the listen ports by UPnP (where
+    /// it allows it): a mapped port makes this node reachable from outside
+    /// without a relay. The log says what the router answered.
+    #[arg(long)]
+    pub upnp: bool,
     /// Seconds to wait for all nodes to join (and, below --min-nodes, for
     /// joiners).
     #[arg(long, default_value_t = 120)]
@@ -242,6 +247,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     p2p.mdns = args.mdns;
     p2p.relay = args.relay;
     p2p.relay_tensors = args.relay_tensors;
+    p2p.upnp = args.upnp;
     p2p.external_addrs = args.external_address.clone();
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
     p2p.min_nodes = args.min_nodes;

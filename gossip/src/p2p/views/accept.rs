@@ -41,7 +41,12 @@ pub(crate) fn spawn_acceptors(
                     let msg: ViewMsg = match read_msg(&mut stream).await {
                         Ok(msg) => msg,
                         Err(e) => {
-                            reject_view(&s, &peer, &format!("bad view message: {e}"));
+                            reject_view(
+                                &s,
+                                &peer,
+                                VIEW_PROTOCOL,
+                                &format!("bad view message: {e}"),
+                            );
                             return;
                         }
                     };
@@ -49,7 +54,7 @@ pub(crate) fn spawn_acceptors(
                         Ok(None) => ViewReply::Ok,
                         Ok(Some(d)) => ViewReply::Admitted(d),
                         Err(why) => {
-                            reject_view(&s, &peer, &why);
+                            reject_view(&s, &peer, VIEW_PROTOCOL, &why);
                             ViewReply::Refused(why)
                         }
                     };
@@ -69,7 +74,7 @@ pub(crate) fn spawn_acceptors(
             let (s, b) = (s.clone(), b.clone());
             tokio::spawn(async move {
                 if let Err(why) = receive_state(&s, &b, peer, stream).await {
-                    reject_view(&s, &peer, &format!("state transfer: {why}"));
+                    reject_view(&s, &peer, STATE_PROTOCOL, &format!("state transfer: {why}"));
                 }
             });
         }
@@ -89,11 +94,10 @@ pub(super) fn heed(shared: &Shared, peer: &PeerId, r: &Report) {
     }
 }
 
-/// Drops a bad view message (or state transfer) of `peer`, counted and
-/// logged as a malformed header.
-fn reject_view(shared: &Shared, peer: &PeerId, why: &str) {
-    let reason = Reject::MalformedHeader(why.to_string());
-    shared.reject(peer, VIEW_PROTOCOL, &reason);
+/// Drops a view message (or state transfer, on `protocol`) of `peer`
+/// that was bad or refused: counted, and logged with what was wrong.
+fn reject_view(shared: &Shared, peer: &PeerId, protocol: &str, why: &str) {
+    shared.reject(peer, protocol, &Reject::Membership(why.to_string()));
 }
 
 /// Checks a view message against what we know and records it.

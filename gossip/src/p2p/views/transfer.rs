@@ -89,6 +89,11 @@ pub(super) async fn read_unless_silent<R: AsyncRead + Unpin>(
 /// The most bytes one read or write of a state transfer handles.
 const PIECE: usize = 64 << 10;
 
+/// How long one attempt at sending the state may go without a byte taken
+/// before a new stream is tried (the transfer as a whole gives up after
+/// the peer timeout of silence).
+const ATTEMPT_STALL: Duration = Duration::from_secs(5);
+
 /// The largest state a joiner accepts for a run exchanging `floats`.
 fn state_cap(floats: usize) -> u64 {
     // Parameters, anchor, slow momentum, optimizer moments and headers.
@@ -182,7 +187,10 @@ impl P2pComm {
             // Tried again while the joiner is not silent for `silence`: it
             // may not have heard of its admission yet, or a stream may be
             // dropped on the way. A slow transfer goes on as long as bytes
-            // move.
+            // move. One attempt whose stream takes no byte for
+            // `ATTEMPT_STALL` is given up and the next opens a new stream:
+            // a stream opened on a relayed connection that is being closed
+            // (a punched one just replaced it) neither moves nor fails.
             let sent = rt.block_on(async move {
                 let heard = Cell::new(Instant::now());
                 let attempt = |mut control: libp2p_stream::Control| {
@@ -202,7 +210,8 @@ impl P2pComm {
                             .await
                             .map_err(|_| quiet("the header"))?
                             .map_err(|e| e.to_string())?;
-                        write_unless_silent(&mut s, state, silence, || heard.set(Instant::now()))
+                        let stall = silence.min(ATTEMPT_STALL);
+                        write_unless_silent(&mut s, state, stall, || heard.set(Instant::now()))
                             .await?;
                         let mut ack = [0u8; 1];
                         tokio::time::timeout(silence, s.read_exact(&mut ack))
