@@ -174,3 +174,36 @@ fn json_documents_carry_the_figures_by_name() {
     assert_eq!(figures[1]["schedule_asked"], "ring");
     assert_eq!(figures[1]["schedule"], "ring");
 }
+
+#[test]
+fn allreduce_over_processes_gathers_every_nodes_timings() {
+    // Three nodes, each its own process: the two copies print their
+    // timings for this one; a repeat lasts as long as its slowest node.
+    let out = bench(
+        &[
+            "allreduce",
+            "--nodes",
+            "3",
+            "--processes",
+            "--floats",
+            "1000",
+            "--compress-average",
+            "none,int8",
+            "--repeats",
+            "2",
+            "--json",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(doc["processes"], true, "{doc}");
+    assert_eq!(doc["nodes"], 3);
+    let figures = doc["figures"].as_array().expect("figures");
+    assert_eq!(figures.len(), 2, "{doc}");
+    for (f, codec) in figures.iter().zip(["none", "int8"]) {
+        assert_eq!(f["compress_average"], codec, "{f}");
+        assert_eq!(f["seconds"].as_array().map(Vec::len), Some(2), "{f}");
+        assert!(f["median_seconds"].as_f64().is_some_and(|s| s > 0.0), "{f}");
+    }
+}

@@ -6,8 +6,9 @@
 //! same command line and told its role through `SLOWMO_BENCH_PEER`, so the
 //! child works however the command is wired into the CLI): push-sum shares
 //! both ways over QUIC and over TCP + Noise + Yamux, against plain
-//! unencrypted TCP sockets doing the same exchange. `allreduce` times the
-//! exact average over real [`P2pComm`] nodes on threads of this process.
+//! unencrypted TCP sockets doing the same exchange. `allreduce`
+//! ([`crate::commands::bench_allreduce`]) times the exact average over real
+//! [`P2pComm`] nodes.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,13 +16,13 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use slowmo_gossip::compress::{Compression, compressed_average};
+use slowmo_gossip::compress::Compression;
 use slowmo_gossip::p2p::lane::default_connections;
 use slowmo_gossip::p2p::{DataLane, P2pComm, P2pConfig, RunIdentity};
 use slowmo_gossip::{Communicator, PushSumRound};
 
 /// Environment variable that turns a re-executed copy into the far end.
-const PEER_ENV: &str = "SLOWMO_BENCH_PEER";
+pub(super) const PEER_ENV: &str = "SLOWMO_BENCH_PEER";
 
 /// Benchmarks of the network layer.
 #[derive(Debug, clap::Args)]
@@ -81,9 +82,13 @@ pub enum BenchCommand {
     },
     /// Time and bandwidth of the exact average over local nodes.
     Allreduce {
-        /// Number of nodes (threads of this process, each a real libp2p node).
+        /// Number of nodes (each a real libp2p node).
         #[arg(long, default_value_t = 4)]
         nodes: usize,
+        /// Run each node as its own process (as gloo does), not as threads
+        /// of this one.
+        #[arg(long)]
+        processes: bool,
         /// Floats per node (a list measures each size).
         #[arg(long, value_delimiter = ',', default_value = "10000000")]
         floats: Vec<usize>,
@@ -147,6 +152,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ),
         BenchCommand::Allreduce {
             nodes,
+            processes,
             floats,
             schedule,
             chunk_floats,
@@ -156,17 +162,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
             lane_connections,
             compress_average,
             json,
-        } => allreduce(
-            nodes,
+        } => crate::commands::bench_allreduce::allreduce(
+            &crate::commands::bench_allreduce::Bench {
+                nodes,
+                chunk: chunk_floats,
+                repeats: repeats.max(1),
+                transport,
+                lane: data_lane,
+                k: lane_connections.unwrap_or_else(default_connections),
+                processes,
+                json,
+            },
             &floats,
             &schedule,
             &compress_average,
-            chunk_floats,
-            repeats.max(1),
-            &transport,
-            data_lane,
-            lane_connections.unwrap_or_else(default_connections),
-            json,
         ),
     }
 }
@@ -187,7 +196,7 @@ fn listen_for(transport: &str) -> Result<Vec<String>> {
     })
 }
 
-fn p2p_config(
+pub(super) fn p2p_config(
     transport: &str,
     nodes: usize,
     floats: usize,
@@ -257,7 +266,7 @@ fn plain_exchange(stream: TcpStream, bytes: usize, rounds: u64) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64())
 }
 
-fn gbits(bytes: f64, secs: f64) -> f64 {
+pub(super) fn gbits(bytes: f64, secs: f64) -> f64 {
     bytes * 8.0 / secs / 1e9
 }
 
@@ -448,220 +457,8 @@ fn run_peer(spec: &str) -> Result<()> {
             comm.shutdown();
             r?;
         }
+        ["allreduce", rest @ ..] => crate::commands::bench_allreduce::run_peer(rest)?,
         _ => bail!("{PEER_ENV}=`{spec}` is not a benchmark peer spec"),
     }
     Ok(())
-}
-
-/// `direct_max_bytes` of the schedule asked for at the bench's command line.
-fn direct_max_for(asked: &str) -> Result<usize> {
-    match asked {
-        "auto" => Ok(slowmo_gossip::DIRECT_MAX_BYTES),
-        "ring" => Ok(0),
-        "direct" => Ok(usize::MAX),
-        other => bail!("unknown schedule `{other}` (expected auto, ring or direct)"),
-    }
-}
-
-/// One all-reduce figure: the size, the schedule asked for and taken, and
-/// the seconds of each timed repeat (as long as its slowest rank).
-struct Reduced {
-    floats: usize,
-    codec: Compression,
-    asked: String,
-    schedule: &'static str,
-    secs: Vec<f64>,
-}
-
-impl Reduced {
-    fn median(&self) -> f64 {
-        let mut sorted = self.secs.clone();
-        sorted.sort_by(f64::total_cmp);
-        sorted[sorted.len() / 2]
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn allreduce(
-    nodes: usize,
-    sizes: &[usize],
-    schedules: &[String],
-    codecs: &[Compression],
-    chunk: Option<usize>,
-    repeats: usize,
-    transport: &str,
-    lane: DataLane,
-    k: usize,
-    json: bool,
-) -> Result<()> {
-    if chunk == Some(0) {
-        bail!("--chunk-floats 0: a message holds at least one float");
-    }
-    let mut figures = Vec::new();
-    for &floats in sizes {
-        for (&codec, asked) in codecs
-            .iter()
-            .flat_map(|c| schedules.iter().map(move |s| (c, s)))
-        {
-            let direct_max = direct_max_for(asked)?;
-            let cfg = |floats| -> Result<P2pConfig> {
-                let mut cfg = p2p_config(transport, nodes, floats, lane, k)?;
-                if let Some(chunk) = chunk {
-                    cfg = cfg.with_chunk_floats(chunk);
-                }
-                cfg.direct_max_bytes = direct_max;
-                Ok(cfg)
-            };
-            let schedule = cfg(floats)?.schedule(floats, nodes).name();
-            let secs = allreduce_once(nodes, floats, codec, repeats, &cfg)?;
-            figures.push(Reduced {
-                floats,
-                codec,
-                asked: asked.clone(),
-                schedule,
-                secs,
-            });
-        }
-    }
-    let bus = |floats: usize, s: f64| {
-        gbits(
-            4.0 * floats as f64 * 2.0 * (nodes as f64 - 1.0) / nodes as f64,
-            s,
-        )
-    };
-    if json {
-        let figures: Vec<_> = figures
-            .iter()
-            .map(|f| {
-                let median = f.median();
-                serde_json::json!({
-                    "floats": f.floats,
-                    "compress_average": f.codec.to_string(),
-                    "schedule_asked": f.asked,
-                    "schedule": f.schedule,
-                    "median_seconds": median,
-                    "bus_gbit_s": bus(f.floats, median),
-                    "algo_gbit_s": gbits(4.0 * f.floats as f64, median),
-                    "seconds": f.secs,
-                })
-            })
-            .collect();
-        let doc = serde_json::json!({
-            "bench": "allreduce",
-            "nodes": nodes,
-            "transport": transport,
-            "data_lane": lane.name(),
-            "lane_connections": k,
-            "chunk_floats": chunk.unwrap_or(slowmo_gossip::CHUNK_FLOATS),
-            "repeats": repeats,
-            "figures": figures,
-        });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
-    }
-    println!(
-        "all-reduce over {nodes} nodes ({transport} control, {lane} data lane, {k} connections; \
-         messages of at most {} floats; threads of one process; median of {repeats}; \
-         Gbit/s of the f32 model's bytes, whatever the codec)",
-        chunk.unwrap_or(slowmo_gossip::CHUNK_FLOATS)
-    );
-    println!(
-        "{:>10} {:>8} {:>9} {:>7} {:>9} {:>10} {:>11} {:>11}",
-        "floats", "MiB", "codec", "asked", "schedule", "median s", "bus Gbit/s", "min s"
-    );
-    for f in &figures {
-        let median = f.median();
-        let min = f.secs.iter().copied().fold(f64::INFINITY, f64::min);
-        println!(
-            "{:>10} {:>8.2} {:>9} {:>7} {:>9} {:>10.4} {:>11.2} {:>11.4}",
-            f.floats,
-            4.0 * f.floats as f64 / (1 << 20) as f64,
-            f.codec.to_string(),
-            f.asked,
-            f.schedule,
-            median,
-            bus(f.floats, median),
-            min
-        );
-    }
-    Ok(())
-}
-
-/// Starts `nodes` nodes (threads of this process) and times `repeats`
-/// exact averages of `floats` floats after one warm-up: all-reduces, or
-/// compressed averages with `codec`.
-fn allreduce_once(
-    nodes: usize,
-    floats: usize,
-    codec: Compression,
-    repeats: usize,
-    cfg: &dyn Fn(usize) -> Result<P2pConfig>,
-) -> Result<Vec<f64>> {
-    let first = P2pComm::bind(cfg(floats)?)?;
-    let boot = first.listen_addrs();
-    let mut handles = vec![std::thread::spawn(move || first.join())];
-    for _ in 1..nodes {
-        let cfg = cfg(floats)?.with_bootstrap(boot.clone());
-        handles.push(std::thread::spawn(move || P2pComm::start(cfg)));
-    }
-    let comms: Vec<P2pComm> = handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .map_err(|_| anyhow::anyhow!("node thread panicked"))?
-                .map_err(anyhow::Error::from)
-        })
-        .collect::<Result<_>>()?;
-    let workers: Vec<_> = comms
-        .into_iter()
-        .map(|mut c| {
-            std::thread::spawn(move || -> Result<(P2pComm, Vec<f64>)> {
-                let mut buf: Vec<f32> = (0..floats).map(|i| (i % 100) as f32 * 0.01).collect();
-                let (anchor, mut residual) = (vec![0f32; floats], vec![0f32; floats]);
-                let mut times = Vec::new();
-                for k in 0..=repeats {
-                    let mut s = 1.0;
-                    c.barrier()?;
-                    let t = Instant::now();
-                    if codec.is_none() {
-                        c.all_reduce_sum(&mut buf, &mut s)?;
-                        let inv = 1.0 / s as f32;
-                        buf.iter_mut().for_each(|v| *v *= inv);
-                    } else {
-                        compressed_average(
-                            &mut c,
-                            codec,
-                            &mut buf,
-                            &mut s,
-                            &anchor,
-                            &mut residual,
-                        )?;
-                    }
-                    if k > 0 {
-                        times.push(t.elapsed().as_secs_f64());
-                    }
-                }
-                Ok((c, times))
-            })
-        })
-        .collect();
-    let mut per_rank = Vec::new();
-    let mut comms = Vec::new();
-    for h in workers {
-        let (c, times) = h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??;
-        per_rank.push(times);
-        comms.push(c);
-    }
-    // All at once: a graceful shutdown waits for the peers' links to close.
-    let stops: Vec<_> = comms
-        .into_iter()
-        .map(|c| std::thread::spawn(move || c.shutdown()))
-        .collect();
-    for s in stops {
-        let _ = s.join();
-    }
-    // A repeat takes as long as its slowest rank.
-    Ok((0..repeats)
-        .map(|k| per_rank.iter().map(|t| t[k]).fold(0.0, f64::max))
-        .collect())
 }

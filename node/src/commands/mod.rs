@@ -1,6 +1,7 @@
 //! The subcommands of the `slowmo` binary, each with its arguments.
 
 pub mod bench;
+pub mod bench_allreduce;
 pub mod bench_sim;
 pub mod doctor;
 pub mod node;
