@@ -88,13 +88,10 @@ impl Internet {
 
 impl Internet {
     /// A stand-alone relay at 10.200.0.1, port 4001 (QUIC, and TCP if
-    /// `tcp`), with the identity in `key`, for two minutes at most.
-    fn start_relay(&self, key: &Path, tcp: bool, dir: &Path) -> Child {
-        self.start_relay_with(key, tcp, dir, &[])
-    }
-
-    /// [`Internet::start_relay`] with more flags.
-    fn start_relay_with(&self, key: &Path, tcp: bool, dir: &Path, extra: &[&str]) -> Child {
+    /// `tcp`), with a new identity, for two minutes at most, with `extra`
+    /// flags; and its QUIC address, the nodes' bootstrap.
+    fn relay(&self, dir: &Path, tcp: bool, extra: &[&str]) -> (Child, String) {
+        let (key, id) = identity(dir, "relay");
         let mut args: Vec<String> = ["relay", "--seconds", "120", "--identity"]
             .iter()
             .map(|s| s.to_string())
@@ -105,8 +102,21 @@ impl Internet {
         if tcp {
             args.extend(["--listen".into(), "/ip4/10.200.0.1/tcp/4001".into()]);
         }
-        self.spawn("inet", &args, &dir.join("relay.log"))
+        let child = self.spawn("inet", &args, &dir.join("relay.log"));
+        (child, format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}"))
     }
+
+    /// `slowmo flags...` in host namespace `name`, logging to `NAME.log`.
+    fn node(&self, dir: &Path, name: &str, flags: &[String]) -> (String, Child) {
+        let log = dir.join(format!("{name}.log"));
+        (name.to_string(), self.spawn(name, flags, &log))
+    }
+}
+
+/// Ends a helper process (the relay, a node left waiting).
+fn stop(mut child: Child) {
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl Drop for Internet {
@@ -301,10 +311,7 @@ fn two_nodes_behind_nats_and_a_public_relay_member_train_like_the_simulator() {
         let name = format!("h{k}-1");
         let mut flags = node_flags(&format!("192.168.{k}.2"), 4001, 3, &bootstrap, dir, &name);
         flags.extend(train.iter().cloned());
-        nodes.push((
-            name.clone(),
-            net.spawn(&format!("h{k}-1"), &flags, &dir.join(format!("{name}.log"))),
-        ));
+        nodes.push(net.node(dir, &name, &flags));
         nated.push(name);
     }
     let results = wait_all(dir, nodes);
@@ -327,9 +334,7 @@ fn four_nodes_behind_two_nats_find_each_other_from_one_relay_address() {
     // punch over QUIC (20 of 20 in tools/nat/punch_trials.py; TCP's
     // simultaneous open got through 19 of 20 times there, and one failed
     // pair of the four would leave a node out of this run).
-    let (key, id) = identity(dir, "relay");
-    let mut relay = net.start_relay(&key, true, dir);
-    let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
+    let (relay, bootstrap) = net.relay(dir, true, &[]);
     let mut nodes = Vec::new();
     for k in 1..=2 {
         for j in 1..=2 {
@@ -343,15 +348,11 @@ fn four_nodes_behind_two_nats_find_each_other_from_one_relay_address() {
                 &name,
             );
             flags.extend(train.iter().cloned());
-            nodes.push((
-                name.clone(),
-                net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
-            ));
+            nodes.push(net.node(dir, &name, &flags));
         }
     }
     let results = wait_all(dir, nodes);
-    let _ = relay.kill();
-    let _ = relay.wait();
+    stop(relay);
     assert!(results.iter().all(|(_, ok)| *ok), "{results:?}");
     let names: Vec<String> = results.into_iter().map(|(n, _)| n).collect();
     // Nodes behind one NAT reach each other on their LAN; each punches
@@ -367,9 +368,7 @@ fn a_node_behind_a_symmetric_nat_is_named_and_the_run_goes_on_without_it() {
     };
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let (key, id) = identity(dir, "relay");
-    let mut relay = net.start_relay(&key, false, dir);
-    let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
+    let (relay, bootstrap) = net.relay(dir, false, &[]);
     let mut nodes = Vec::new();
     for k in 1..=2 {
         let name = format!("h{k}-1");
@@ -379,14 +378,10 @@ fn a_node_behind_a_symmetric_nat_is_named_and_the_run_goes_on_without_it() {
         // The one left out waits this long to be admitted again.
         let at = flags.iter().position(|f| f == "--join-timeout").unwrap();
         flags[at + 1] = "30".into();
-        nodes.push((
-            name.clone(),
-            net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
-        ));
+        nodes.push(net.node(dir, &name, &flags));
     }
     let results = wait_all(dir, nodes);
-    let _ = relay.kill();
-    let _ = relay.wait();
+    stop(relay);
     // No punch gets through the symmetric NAT: each side names the other
     // as reachable only through the relay, one of them trains on alone
     // and the other is refused.
@@ -436,14 +431,12 @@ fn doctor_behind_a_nat_names_the_relay_and_the_punched_path_to_a_peer() {
     };
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let (key, relay) = identity(dir, "relay");
     let (node_key, node) = identity(dir, "node");
-    let quic = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{relay}");
-    let mut relay_proc = net.start_relay(&key, false, dir);
+    let (relay, quic) = net.relay(dir, false, &[]);
     // A node waiting for a run behind one NAT, the doctor behind the other.
     let mut flags = node_flags("192.168.1.2", 4001, 2, &quic, dir, "h1-1");
     flags.extend(["--identity".into(), node_key.display().to_string()]);
-    let mut waiting = net.spawn("h1-1", &flags, &dir.join("h1-1.log"));
+    let (_, waiting) = net.node(dir, "h1-1", &flags);
     std::thread::sleep(std::time::Duration::from_secs(2));
     let report = Command::new("ip")
         .args(["netns", "exec", &format!("{}-h2-1", net.prefix)])
@@ -465,10 +458,8 @@ fn doctor_behind_a_nat_names_the_relay_and_the_punched_path_to_a_peer() {
         ])
         .output()
         .unwrap();
-    let _ = waiting.kill();
-    let _ = relay_proc.kill();
-    let _ = waiting.wait();
-    let _ = relay_proc.wait();
+    stop(waiting);
+    stop(relay);
     let text = String::from_utf8_lossy(&report.stdout).to_string();
     assert!(report.status.success(), "doctor failed: {report:?}");
     assert!(
@@ -510,23 +501,17 @@ fn behind_a_symmetric_nat_tensors_cross_the_relay_when_both_opt_in() {
     let dir = dir.path();
     let train = train_flags(60);
     let sim = simulate(dir, 2, &train);
-    let (key, id) = identity(dir, "relay");
-    let mut relay = net.start_relay_with(&key, false, dir, &["--carry-tensors"]);
-    let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
+    let (relay, bootstrap) = net.relay(dir, false, &["--carry-tensors"]);
     let mut nodes = Vec::new();
     for k in 1..=2 {
         let name = format!("h{k}-1");
         let mut flags = node_flags(&format!("192.168.{k}.2"), 4001, 2, &bootstrap, dir, &name);
         flags.push("--relay-tensors".into());
         flags.extend(train.iter().cloned());
-        nodes.push((
-            name.clone(),
-            net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
-        ));
+        nodes.push(net.node(dir, &name, &flags));
     }
     let results = wait_all(dir, nodes);
-    let _ = relay.kill();
-    let _ = relay.wait();
+    stop(relay);
     assert!(results.iter().all(|(_, ok)| *ok), "{results:?}");
     for (name, _) in &results {
         let params = std::fs::read(dir.join(format!("{name}.safetensors"))).unwrap();
@@ -565,9 +550,7 @@ fn a_node_behind_a_third_nat_joins_mid_run_from_the_relay_address_alone() {
     };
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let (key, id) = identity(dir, "relay");
-    let mut relay = net.start_relay(&key, false, dir);
-    let bootstrap = format!("/ip4/10.200.0.1/udp/4001/quic-v1/p2p/{id}");
+    let (relay, bootstrap) = net.relay(dir, false, &[]);
     // Two members behind two NATs hold before step 100 (the local
     // testnet's step gate) until the joiner has asked to join.
     const AT: u64 = 100;
@@ -583,10 +566,7 @@ fn a_node_behind_a_third_nat_joins_mid_run_from_the_relay_address_alone() {
             "--gate-dir".into(),
             gate_of(&name).display().to_string(),
         ]);
-        nodes.push((
-            name.clone(),
-            net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
-        ));
+        nodes.push(net.node(dir, &name, &flags));
     }
     let members = ["h1-1", "h2-1"];
     let held = wait_until(std::time::Duration::from_secs(60), || {
@@ -606,10 +586,7 @@ fn a_node_behind_a_third_nat_joins_mid_run_from_the_relay_address_alone() {
     let name = "h3-1".to_string();
     let mut flags = node_flags("192.168.3.2", 4001, 2, &bootstrap, dir, &name);
     flags.extend(train_flags(400));
-    nodes.push((
-        name.clone(),
-        net.spawn(&name, &flags, &dir.join(format!("{name}.log"))),
-    ));
+    nodes.push(net.node(dir, &name, &flags));
     let asked = wait_until(std::time::Duration::from_secs(60), || {
         members
             .iter()
@@ -624,8 +601,7 @@ fn a_node_behind_a_third_nat_joins_mid_run_from_the_relay_address_alone() {
         log_of(dir, &name)
     );
     let results = wait_all(dir, nodes);
-    let _ = relay.kill();
-    let _ = relay.wait();
+    stop(relay);
     assert!(results.iter().all(|(_, ok)| *ok), "{results:?}");
 
     // It was admitted from the members' barrier, and all three end with
