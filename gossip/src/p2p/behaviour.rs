@@ -502,9 +502,7 @@ pub(crate) async fn run_swarm(
                             tracing::info!(%tested_addr, "reachable from outside at {tested_addr} (AutoNAT, confirmed by {server})");
                             reach.update(|r| {
                                 r.unreachable.remove(&tested_addr);
-                                if !r.confirmed.contains(&tested_addr) {
-                                    r.confirmed.push(tested_addr);
-                                }
+                                r.confirm(tested_addr);
                             });
                         }
                         Err(e) => {
@@ -587,9 +585,7 @@ fn on_upnp(reach: &Reach, event: upnp::Event) {
         } => {
             tracing::info!(%external_addr, "the router maps {local_addr} at {external_addr} (UPnP): reachable from outside there");
             reach.update(|r| {
-                if !r.confirmed.contains(&external_addr) {
-                    r.confirmed.push(external_addr.clone());
-                }
+                r.confirm(external_addr.clone());
                 match &mut r.upnp {
                     Some(Upnp::Mapped(m)) => {
                         m.insert(local_addr, external_addr);

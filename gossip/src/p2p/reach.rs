@@ -115,6 +115,13 @@ pub enum Upnp {
 }
 
 impl ReachState {
+    /// Records `addr` as confirmed reachable from outside (once).
+    pub(crate) fn confirm(&mut self, addr: Multiaddr) {
+        if !self.confirmed.contains(&addr) {
+            self.confirmed.push(addr);
+        }
+    }
+
     /// Per connection kind, the peers connected that way.
     pub fn kinds(&self) -> BTreeMap<ConnectionKind, usize> {
         let mut out = BTreeMap::new();

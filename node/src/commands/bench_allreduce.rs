@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use slowmo_gossip::Communicator;
@@ -380,8 +380,7 @@ pub(super) fn run_peer(parts: &[&str]) -> Result<()> {
     };
     let cfg = b
         .config(s)?
-        .with_bootstrap(boot.split(',').map(String::from))
-        .with_join_timeout(Duration::from_secs(60));
+        .with_bootstrap(boot.split(',').map(String::from));
     let mut comm = P2pComm::start(cfg)?;
     let times = time_averages(&mut comm, s.floats, s.codec, b.repeats);
     comm.shutdown();
