@@ -286,7 +286,10 @@ fn bad_flags_are_refused_naming_them() {
         (vec!["--beta", "0.3"], &["--beta", "--betas"]),
         (vec!["--seed", "3"], &["--seed", "--seeds"]),
         (vec!["--model", "cnn"], &["--model", "--models"]),
-        (vec!["--optimizer", "adam"], &["--optimizer", "local-adam"]),
+        (
+            vec!["--optimizer", "adam", "--bases", "local-adam"],
+            &["--optimizer", "local-adam"],
+        ),
         (vec!["--adam-lr", "-1"], &["--adam-lr -1"]),
         (vec!["--workers", "0"], &["workers"]),
         (

@@ -52,6 +52,35 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         repeats: usize,
     },
+    /// Time of one training step (forward, backward, optimizer) of each
+    /// built-in model on this CPU, for the side-by-side with PyTorch
+    /// (`tools/bench/torch_step.py`); threads from `RAYON_NUM_THREADS`.
+    Step {
+        /// Models, comma separated: mlp, cnn, transformer.
+        #[arg(long, value_delimiter = ',', default_value = "mlp,cnn,transformer")]
+        models: Vec<crate::model::ModelKind>,
+        /// Samples per batch [default: 32, the transformer 16 windows].
+        #[arg(long)]
+        batch: Option<usize>,
+        /// The transformer's blocks, heads, width and context.
+        #[arg(long, default_value_t = 4)]
+        layers: usize,
+        #[arg(long, default_value_t = 4)]
+        heads: usize,
+        #[arg(long, default_value_t = 256)]
+        width: usize,
+        #[arg(long, default_value_t = 64)]
+        context: usize,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        /// Timed steps; the median and the fastest are printed.
+        #[arg(long, default_value_t = 30)]
+        steps: usize,
+        /// Print the figures as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Throughput of one link between two processes, both directions at
     /// once: the data lane (encrypted and plaintext) with bytes only and
     /// with push-sum shares, libp2p streams (QUIC, TCP+Noise+Yamux) with
@@ -135,6 +164,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
             model,
             repeats,
         } => crate::commands::bench_sim::run(&workers, steps.max(1), &bases, model, repeats),
+        BenchCommand::Step {
+            models,
+            batch,
+            layers,
+            heads,
+            width,
+            context,
+            warmup,
+            steps,
+            json,
+        } => crate::commands::bench_step::run(
+            &models,
+            batch,
+            crate::model::TransformerShape {
+                layers,
+                heads,
+                width,
+                context,
+            },
+            (warmup, steps),
+            json,
+        ),
         BenchCommand::Transport {
             sizes_mib,
             rounds,

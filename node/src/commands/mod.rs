@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_allreduce;
 pub mod bench_sim;
+pub mod bench_step;
 pub mod doctor;
 pub mod node;
 pub mod relay;

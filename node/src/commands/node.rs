@@ -14,7 +14,7 @@ use slowmo_runspec::NodeSummary;
 
 use crate::config::{ConfigArgs, RunConfig};
 use crate::data;
-use crate::engine::setup::{build_model, load_dataset};
+use crate::engine::setup::Workload;
 use crate::engine::stopping::Stopper;
 use crate::engine::train::{
     CheckpointPlan, StepGate, StepRecord, Unfinished, WorkerOutcome, WorkerSetup,
@@ -214,6 +214,14 @@ fn agree_on_checkpoint(
 /// `slowmo node`. Returns an error (non-zero exit) when the run did not
 /// finish or an output could not be written.
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
+    run_with(args, None)
+}
+
+/// `slowmo node` training `workload` (a caller's own model and data, see
+/// `node/examples/custom_model.rs`) instead of the configuration's
+/// (`None`). Every node of a run must train the same workload: the run
+/// refuses a node whose initial parameters differ.
+pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()> {
     let mut options = args.config.options()?;
     if let Some(n) = args.nodes {
         options.workers = Some(n);
@@ -231,9 +239,13 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         save_params: args.save_params.clone(),
         checkpoint_dir: args.checkpoints.checkpoint_dir.clone(),
     })?;
-    let dataset = load_dataset(&config)?;
-    outputs.prepare_saver(|| build_model(&config, &dataset, &candle_core::Device::Cpu))?;
-    let model = build_model(&config, &dataset, &device)?;
+    let workload = match workload {
+        Some(w) => w,
+        None => Workload::from_config(&config)?,
+    };
+    let dataset = workload.dataset.clone();
+    let model = workload.build(&device)?;
+    outputs.prepare_saver(model.layout());
     let x0 = model.init_params(config.seed);
     let run = RunIdentity {
         run_id: args.run_id.clone(),

@@ -48,18 +48,20 @@ pub struct SweepRow {
     pub rounds_to_consensus: Option<u64>,
     pub consensus_distance: f64,
     pub test_accuracy: f32,
+    /// Held-out loss of the averaged model (the transformer's measure).
+    pub test_loss: f32,
     pub train_loss: f32,
     pub wall_seconds: f64,
 }
 
-const CSV_HEADER: &str = "graph,nodes,beta,spectral_gap,rounds_to_consensus,consensus_distance,test_accuracy,train_loss,wall_seconds";
+const CSV_HEADER: &str = "graph,nodes,beta,spectral_gap,rounds_to_consensus,consensus_distance,test_accuracy,test_loss,train_loss,wall_seconds";
 
 fn csv(rows: &[SweepRow]) -> String {
     let mut out = format!("{CSV_HEADER}\n");
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{:.6},{},{:.6e},{:.4},{:.4},{:.2}",
+            "{},{},{},{:.6},{},{:.6e},{:.4},{:.4},{:.4},{:.2}",
             r.graph,
             r.nodes,
             r.beta,
@@ -69,6 +71,7 @@ fn csv(rows: &[SweepRow]) -> String {
                 .unwrap_or_default(),
             r.consensus_distance,
             r.test_accuracy,
+            r.test_loss,
             r.train_loss,
             r.wall_seconds
         );
@@ -120,8 +123,8 @@ pub fn run(args: SweepArgs) -> Result<()> {
     }
     let mut rows = Vec::new();
     println!(
-        "{:<28} {:>5} {:>5} {:>8} {:>8} {:>11} {:>9} {:>8}",
-        "graph", "nodes", "beta", "gap", "rounds", "consensus", "test acc", "loss"
+        "{:<28} {:>5} {:>5} {:>8} {:>8} {:>11} {:>9} {:>9} {:>8}",
+        "graph", "nodes", "beta", "gap", "rounds", "consensus", "test acc", "test loss", "train"
     );
     for graph in &args.graphs {
         for &nodes in &args.nodes {
@@ -144,11 +147,12 @@ pub fn run(args: SweepArgs) -> Result<()> {
                     rounds_to_consensus: a.rounds_to_epsilon,
                     consensus_distance: s.consensus_distance,
                     test_accuracy: s.test_accuracy,
+                    test_loss: s.test_loss,
                     train_loss: s.final_train_loss,
                     wall_seconds: s.wall_seconds,
                 };
                 println!(
-                    "{:<28} {:>5} {:>5} {:>8.4} {:>8} {:>11.3e} {:>9.4} {:>8.4}",
+                    "{:<28} {:>5} {:>5} {:>8.4} {:>8} {:>11.3e} {:>9.4} {:>9.4} {:>8.4}",
                     row.graph,
                     nodes,
                     beta,
@@ -158,6 +162,7 @@ pub fn run(args: SweepArgs) -> Result<()> {
                         .unwrap_or("-".into()),
                     row.consensus_distance,
                     row.test_accuracy,
+                    row.test_loss,
                     row.train_loss
                 );
                 rows.push(row);
@@ -187,6 +192,7 @@ mod tests {
             rounds_to_consensus: None,
             consensus_distance: 0.01,
             test_accuracy: 0.8,
+            test_loss: 0.6,
             train_loss: 0.5,
             wall_seconds: 1.0,
         };

@@ -121,6 +121,68 @@ impl Dataset {
     pub fn sample_len(&self) -> usize {
         self.channels * self.height * self.width
     }
+
+    /// A dataset from the caller's own samples (a custom workload): each
+    /// split is `(values, labels)`, `sample_len` values per sample, sample
+    /// after sample, and one label below `classes` per sample. Every length
+    /// and label is checked; the error names the split and what was wrong.
+    pub fn from_samples(
+        name: &str,
+        sample_len: usize,
+        classes: usize,
+        train: (Vec<f32>, Vec<u32>),
+        test: (Vec<f32>, Vec<u32>),
+    ) -> Result<Dataset, DataError> {
+        let bad = |why: String| DataError::Invalid {
+            dataset: name.to_string(),
+            why,
+        };
+        if sample_len == 0 || classes == 0 {
+            return Err(bad(format!(
+                "samples of {sample_len} values in {classes} classes: both must be positive"
+            )));
+        }
+        let mut splits = Vec::new();
+        for (which, (values, labels)) in [("train", train), ("test", test)] {
+            if labels.is_empty() {
+                return Err(bad(format!("the {which} split holds no samples")));
+            }
+            if Some(values.len()) != labels.len().checked_mul(sample_len) {
+                return Err(bad(format!(
+                    "the {which} split has {} labels and {} values, not {sample_len} values per label",
+                    labels.len(),
+                    values.len()
+                )));
+            }
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(bad(format!(
+                    "value {i} of the {which} split is {}",
+                    values[i]
+                )));
+            }
+            if let Some(i) = labels.iter().position(|&l| l as usize >= classes) {
+                return Err(bad(format!(
+                    "label {} of sample {i} of the {which} split is not below {classes} classes",
+                    labels[i]
+                )));
+            }
+            splits.push(Split {
+                images: Pixels::Values(values),
+                labels,
+            });
+        }
+        let test = splits.pop().expect("two splits");
+        let train = splits.pop().expect("two splits");
+        Ok(Dataset {
+            name: name.to_string(),
+            train,
+            test,
+            channels: 1,
+            height: 1,
+            width: sample_len,
+            classes,
+        })
+    }
 }
 
 /// Everything that can go wrong while loading or splitting data.
@@ -208,6 +270,9 @@ pub enum DataError {
         bytes: u64,
         limit: u64,
     },
+    /// Samples a caller gave ([`Dataset::from_samples`]) do not fit.
+    #[error("dataset {dataset}: {why}")]
+    Invalid { dataset: String, why: String },
     /// The data cannot be split as asked.
     #[error("cannot partition {samples} samples across {workers} workers: {reason}")]
     Unpartitionable {

@@ -12,7 +12,7 @@ use slowmo_runspec::faults::SimScript;
 
 use crate::config::RunConfig;
 use crate::data::{self, Dataset};
-use crate::engine::setup::{build_model, load_dataset};
+use crate::engine::setup::{Workload, load_dataset};
 use crate::engine::train::{CheckpointPlan, StepRecord, WorkerOutcome, WorkerSetup, run_worker};
 use crate::io::checkpoint::{self, Checkpoint, CheckpointArgs, Identity};
 use crate::model::ParamSpec;
@@ -151,6 +151,7 @@ pub type EveryWorker<'a> = &'a (dyn Fn(usize, &StepRecord) + Sync);
 pub struct Simulation<'a> {
     config: &'a RunConfig,
     dataset: Option<Arc<Dataset>>,
+    workload: Option<Workload>,
     checkpoints: CheckpointArgs,
     network: Option<&'a SimNetwork>,
     faults: Option<&'a SimScript>,
@@ -165,6 +166,7 @@ impl<'a> Simulation<'a> {
         Self {
             config,
             dataset: None,
+            workload: None,
             checkpoints: CheckpointArgs::default(),
             network: None,
             faults: None,
@@ -178,6 +180,13 @@ impl<'a> Simulation<'a> {
     /// train on `dataset.train` and are measured on `dataset.test`.
     pub fn dataset(mut self, dataset: Arc<Dataset>) -> Self {
         self.dataset = Some(dataset);
+        self
+    }
+
+    /// Trains the caller's own model and data (see
+    /// `node/examples/custom_model.rs`) instead of the configuration's.
+    pub fn workload(mut self, workload: Workload) -> Self {
+        self.workload = Some(workload);
         self
     }
 
@@ -215,10 +224,13 @@ impl<'a> Simulation<'a> {
     /// every worker in its own thread, and measures the averaged model.
     pub fn run(self) -> anyhow::Result<SimulationSummary> {
         let started = Instant::now();
-        let dataset = match self.dataset.clone() {
-            Some(d) => d,
-            None => load_dataset(self.config)?,
+        let workload = match (self.workload.clone(), self.dataset.clone()) {
+            (Some(w), _) => w,
+            (None, Some(d)) => Workload::configured(self.config, d),
+            (None, None) => Workload::configured(self.config, load_dataset(self.config)?),
         };
+        let dataset = workload.dataset.clone();
+        let workload = &workload;
         if self.faults.is_some() && self.network.is_some() {
             anyhow::bail!("--faults and --network cannot be combined yet");
         }
@@ -234,9 +246,7 @@ impl<'a> Simulation<'a> {
         let m = config.workers;
         let mut resume: Vec<Option<Checkpoint>> = vec![None; m];
         if let (true, Some(dir)) = (checkpoints.resume, &checkpoints.checkpoint_dir) {
-            let layout = build_model(config, &dataset, &candle_core::Device::Cpu)?
-                .layout()
-                .to_vec();
+            let layout = workload.build(&candle_core::Device::Cpu)?.layout().to_vec();
             let found = resume_all(config, dir, &layout)?;
             tracing::info!("resuming every worker at step {}", found[0].state.steps);
             resume = found.into_iter().map(Some).collect();
@@ -291,7 +301,7 @@ impl<'a> Simulation<'a> {
                     None
                 };
                 handles.push(scope.spawn(move || -> anyhow::Result<Finished> {
-                    let model = build_model(config, &dataset, &candle_core::Device::Cpu)?;
+                    let model = workload.build(&candle_core::Device::Cpu)?;
                     let setup = WorkerSetup {
                         config: config.clone(),
                         dataset,

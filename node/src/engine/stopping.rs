@@ -56,8 +56,25 @@ impl Stopper {
                 ..Inner::default()
             }),
         };
-        let handler = s.clone();
-        ctrlc::set_handler(move || handler.on_signal()).context("installing the signal handler")?;
+        // One handler per process serves every node in it (a program may
+        // run several, as `node/examples/custom_model.rs` does); a node
+        // that has finished drops out of the list at the next install.
+        static LIVE: Mutex<Vec<Stopper>> = Mutex::new(Vec::new());
+        static HANDLER: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+        HANDLER
+            .get_or_init(|| {
+                ctrlc::set_handler(|| {
+                    let live = lock(&LIVE).clone();
+                    live.iter().for_each(Stopper::on_signal);
+                })
+                .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(anyhow::Error::msg)
+            .context("installing the signal handler")?;
+        let mut live = lock(&LIVE);
+        live.retain(|l| Arc::strong_count(&l.inner) > 1);
+        live.push(s.clone());
         Ok(s)
     }
 

@@ -26,7 +26,7 @@ use crate::data::{Batcher, Dataset, Split};
 use crate::engine::exchange::{CommExchange, l2_distance, l2_norm, sum_over_workers};
 use crate::engine::worker::{LossWindow, Place, Worker};
 use crate::io::checkpoint::{Checkpoint, CheckpointError};
-use crate::model::{Model, ModelError};
+use crate::model::{Learner, ModelError};
 
 /// The seed of worker `rank`'s batcher in the first view (the reference
 /// dump draws the same batches from it).
@@ -64,7 +64,8 @@ pub struct WorkerSetup {
     pub dataset: Arc<Dataset>,
     /// Indices of this worker's training samples.
     pub shard: Vec<usize>,
-    pub model: Model,
+    /// The model: a built-in [`crate::model::Model`] or the caller's own.
+    pub model: Box<dyn Learner>,
     pub topology: Arc<dyn Topology>,
     /// Checked before every step; `true` stops the run cleanly.
     pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
@@ -135,7 +136,7 @@ struct Snapshot {
 /// then all agree on the mean, spread and consensus distance.
 fn snapshot(
     comm: &mut dyn Communicator,
-    model: &mut Model,
+    model: &mut dyn Learner,
     z: &[f32],
     w: f64,
     test: &Split,
@@ -226,7 +227,7 @@ fn save_checkpoint(
     net: &mut CommExchange<'_>,
     (epoch, position): (u64, usize),
     losses: &LossWindow,
-    model: &Model,
+    model: &dyn Learner,
 ) -> Result<(), TrainError> {
     if !outer.algorithm().slowmo.average {
         outer.settle(net)?;
@@ -248,7 +249,7 @@ fn save_checkpoint(
 fn evaluate_into(
     record: &mut StepRecord,
     net: &mut CommExchange<'_>,
-    model: &mut Model,
+    model: &mut dyn Learner,
     outer: &mut OuterLoop,
     (split, sample_len): (&Split, usize),
     losses: &LossWindow,
@@ -469,7 +470,7 @@ impl Worker<'_> {
                         &mut net,
                         position,
                         &self.losses,
-                        &self.model,
+                        &*self.model,
                     )?;
                 }
                 self.record_point();
@@ -487,7 +488,7 @@ impl Worker<'_> {
                 evaluate_into(
                     &mut record,
                     &mut net,
-                    &mut self.model,
+                    &mut *self.model,
                     &mut self.outer,
                     eval,
                     &self.losses,
@@ -508,7 +509,7 @@ impl Worker<'_> {
         let params_sum = self.outer.params().iter().map(|v| f64::from(*v)).sum();
         let (snap, own_accuracy) = snapshot(
             comm,
-            &mut self.model,
+            &mut *self.model,
             self.outer.params(),
             w,
             &self.dataset.test,

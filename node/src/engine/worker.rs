@@ -11,7 +11,7 @@ use slowmo_topologies::Topology;
 use crate::config::RunConfig;
 use crate::data::{Batcher, Dataset, Split};
 use crate::io::checkpoint::Identity;
-use crate::model::Model;
+use crate::model::Learner;
 
 /// Steps whose mini-batch losses make up the reported train loss.
 pub const LOSS_WINDOW: usize = 50;
@@ -66,7 +66,7 @@ pub(super) struct Place {
 pub(super) struct Worker<'s> {
     pub(super) config: RunConfig,
     pub(super) dataset: Arc<Dataset>,
-    pub(super) model: Model,
+    pub(super) model: Box<dyn Learner>,
     pub(super) topology: Arc<dyn Topology>,
     pub(super) stop: Option<Arc<std::sync::atomic::AtomicBool>>,
     pub(super) checkpoints: Option<CheckpointPlan>,

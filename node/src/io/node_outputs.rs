@@ -9,7 +9,7 @@ use slowmo_runspec::{NodeSummary, RunConfig, StepRecord};
 
 use crate::io::metrics::MetricsWriter;
 use crate::io::outputs::{self, OutputErrors, OutputPaths};
-use crate::model::Model;
+use crate::model::{ParamSpec, save_params_file};
 
 /// The parameters a node leaves at its end.
 pub struct FinalParams {
@@ -25,8 +25,8 @@ pub struct FinalParams {
 pub struct NodeOutputs {
     paths: OutputPaths,
     metrics: Option<MetricsWriter>,
-    /// What writes the parameter file (a CPU model of the run's layout).
-    saver: Option<Model>,
+    /// The layout the parameter file is written in (with `--save-params`).
+    saver: Option<Vec<ParamSpec>>,
     errors: OutputErrors,
 }
 
@@ -50,16 +50,12 @@ impl NodeOutputs {
         })
     }
 
-    /// With `--save-params`: builds (with `saver`) the model that writes
-    /// the parameter file, before the run starts.
-    pub fn prepare_saver(
-        &mut self,
-        saver: impl FnOnce() -> anyhow::Result<Model>,
-    ) -> anyhow::Result<()> {
+    /// With `--save-params`: keeps the model's layout, in which the
+    /// parameter file is written.
+    pub fn prepare_saver(&mut self, layout: &[ParamSpec]) {
         if self.paths.save_params.is_some() {
-            self.saver = Some(saver()?);
+            self.saver = Some(layout.to_vec());
         }
-        Ok(())
     }
 
     /// Writes one step's record. A failure is reported at once, recorded,
@@ -99,7 +95,7 @@ impl NodeOutputs {
                             ("slowmo.steps".to_string(), p.steps.to_string()),
                         ])
                     });
-                    let result = saver.save_safetensors_with(&p.params, path, meta);
+                    let result = save_params_file(saver, &p.params, path, meta);
                     if result.is_ok() {
                         summary.params_final = Some(p.is_final);
                     }

@@ -52,6 +52,7 @@
 
 mod arch;
 mod io;
+mod learner;
 mod slot;
 mod transformer;
 
@@ -64,6 +65,7 @@ use crate::data::Split;
 use arch::Arch;
 use slot::Init;
 
+pub use learner::{BatchEval, FlatParams, Learner, evaluate_in_batches};
 pub use slowmo_runspec::{ModelKind, TransformerShape};
 
 /// Where one named parameter tensor lives in the flat buffer.
@@ -396,17 +398,10 @@ impl Model {
         let (x, y) = self.inputs(images, labels)?;
         match self.strategy {
             Strategy::PerLayer => {
-                let vars = self
-                    .layout
-                    .iter()
-                    .map(|s| Var::from_slice(&params[s.range()], s.shape.as_slice(), &self.device))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
-                let loss = candle_nn::loss::cross_entropy(&self.arch.forward(&tensors, &x)?, &y)?;
-                let grads = loss.backward()?;
-                for (spec, var) in self.layout.iter().zip(&vars) {
-                    copy_out(grads.get(var.as_tensor()), &mut grad[spec.range()])?;
-                }
+                let p = FlatParams::new(&self.layout, params, &self.device)?;
+                let loss =
+                    candle_nn::loss::cross_entropy(&self.arch.forward(&p.tensors(), &x)?, &y)?;
+                p.grads_into(&loss.backward()?, grad)?;
                 Ok(loss.to_scalar::<f32>()?)
             }
             Strategy::FlatVar => {
@@ -462,23 +457,50 @@ impl Model {
             let imgs = (split.images)
                 .get(start, start + labels.len() * sample_len)
                 .expect("the split's length was checked");
-            let (x, y) = self.inputs(&imgs, labels)?;
-            let logits = self.arch.forward(&tensors, &x)?;
-            let loss = candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()?;
-            loss_sum += f64::from(loss) * labels.len() as f64;
-            let hits = logits
-                .argmax(1)?
-                .eq(&y)?
-                .to_dtype(DType::U32)?
-                .sum_all()?
-                .to_scalar::<u32>()?;
-            correct += u64::from(hits);
+            let b = self.eval_chunk(&tensors, &imgs, labels)?;
+            loss_sum += f64::from(b.mean_loss) * labels.len() as f64;
+            correct += b.correct;
         }
         let n = split.len() as f64;
         let targets = n * self.targets_per_sample() as f64;
         Ok(Evaluation {
             loss: (loss_sum / n) as f32,
             accuracy: (correct as f64 / targets) as f32,
+        })
+    }
+
+    /// The mean loss and the hits of one batch at `params` (no gradients).
+    pub fn evaluate_batch(
+        &mut self,
+        params: &[f32],
+        images: &[f32],
+        labels: &[u32],
+    ) -> Result<BatchEval, ModelError> {
+        Self::check_len("the parameter buffer", self.num_params, params.len())?;
+        self.check_batch(images.len(), labels)?;
+        let tensors = self.constant_params(params)?;
+        self.eval_chunk(&tensors, images, labels)
+    }
+
+    fn eval_chunk(
+        &self,
+        tensors: &[Tensor],
+        images: &[f32],
+        labels: &[u32],
+    ) -> Result<BatchEval, ModelError> {
+        let (x, y) = self.inputs(images, labels)?;
+        let logits = self.arch.forward(tensors, &x)?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()?;
+        let hits = logits
+            .argmax(1)?
+            .eq(&y)?
+            .to_dtype(DType::U32)?
+            .sum_all()?
+            .to_scalar::<u32>()?;
+        Ok(BatchEval {
+            mean_loss: loss,
+            correct: u64::from(hits),
+            predictions: (labels.len() * self.targets_per_sample()) as u64,
         })
     }
 
@@ -514,16 +536,36 @@ impl Model {
         path: &Path,
         metadata: Option<std::collections::HashMap<String, String>>,
     ) -> Result<(), ModelError> {
-        Self::check_len("the parameter buffer", self.num_params, params.len())?;
-        io::save(&self.layout, params, path, metadata)
+        save_params_file(&self.layout, params, path, metadata)
     }
 
     /// Reads a file written by [`Model::save_safetensors`] for this
     /// architecture, checking that it holds exactly this layout's names,
     /// shapes and dtype.
     pub fn load_safetensors(&self, path: &Path) -> Result<Vec<f32>, ModelError> {
-        io::load(&self.layout, self.num_params, path)
+        load_params_file(&self.layout, path)
     }
+}
+
+/// Writes `params`, laid out by `layout`, as a safetensors file: one f32
+/// tensor per [`ParamSpec`], under its name and shape, with string
+/// `metadata` in the header. Atomic: a reader sees the old file or the new
+/// one.
+pub fn save_params_file(
+    layout: &[ParamSpec],
+    params: &[f32],
+    path: &Path,
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<(), ModelError> {
+    let total = layout.iter().map(ParamSpec::numel).sum();
+    Model::check_len("the parameter buffer", total, params.len())?;
+    io::save(layout, params, path, metadata)
+}
+
+/// Reads a file written by [`save_params_file`] for `layout`, checking that
+/// it holds exactly its names, shapes and dtype.
+pub fn load_params_file(layout: &[ParamSpec], path: &Path) -> Result<Vec<f32>, ModelError> {
+    io::load(layout, layout.iter().map(ParamSpec::numel).sum(), path)
 }
 
 /// Keeps freed tensor buffers inside the process instead of returning them to

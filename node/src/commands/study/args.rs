@@ -56,7 +56,8 @@ pub struct PaperArgs {
     #[arg(long)]
     pub quiet: bool,
     /// Training settings shared by every run (the study sets preset, base,
-    /// beta, optimizer, model and seed itself). Defaults here: dataset
+    /// beta, model and seed itself; `--optimizer` sets every base's inner
+    /// optimizer, without local-adam in --bases). Defaults here: dataset
     /// fashion-mnist, 4 workers, 600 steps, an evaluation every 150 steps.
     #[command(flatten)]
     pub config: ConfigArgs,

@@ -25,8 +25,8 @@ pub fn caption(t: &StudyTable) -> String {
     let s = &t.settings;
     format!(
         "{} simulated workers, {}, {} base steps, batch {} per worker, tau {}, SGD lr {} (momentum {}), Adam lr {}, MLP hidden {:?}; \
-         {} seeds per row (mean ± sample std); beta chosen per row from {{{}}} by mean validation accuracy on {} training images held out \
-         (training on the other {}); test accuracy of the exactly averaged model on the {} test images.",
+         {} seeds per row (mean ± sample std); beta chosen per row from {{{}}} by mean validation accuracy (the transformer: validation loss) on {} training samples held out \
+         (training on the other {}); test figures of the exactly averaged model on the {} test samples.",
         s.workers,
         s.dataset,
         s.steps,
@@ -94,15 +94,18 @@ pub fn markdown(t: &StudyTable) -> String {
     out
 }
 
-/// Every configuration: one row per model, base and beta.
+/// Every configuration: one row per model, base and beta, with the
+/// held-out losses and the test perplexity (`exp` of the mean test loss,
+/// the language model's measure).
 pub fn grid_markdown(t: &StudyTable) -> String {
     let mut out = String::from(
-        "| model | base | beta | seeds | validation acc. % | test acc. % | train loss | chosen |\n|---|---|---|---|---|---|---|---|\n",
+        "| model | base | beta | seeds | validation acc. % | test acc. % | train loss | validation loss | test loss | test perplexity | chosen |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for a in &t.grid {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} |",
             a.model,
             a.base.label(),
             a.beta.map(|b| b.to_string()).unwrap_or("- (plain)".into()),
@@ -110,6 +113,9 @@ pub fn grid_markdown(t: &StudyTable) -> String {
             pct(a.validation_accuracy_mean, a.validation_accuracy_std),
             pct(a.test_accuracy_mean, a.test_accuracy_std),
             loss(a.train_loss_mean, a.train_loss_std),
+            loss(a.validation_loss_mean, a.validation_loss_std),
+            loss(a.test_loss_mean, a.test_loss_std),
+            a.test_loss_mean.exp(),
             if a.chosen { "yes" } else { "" }
         );
     }
@@ -119,12 +125,12 @@ pub fn grid_markdown(t: &StudyTable) -> String {
 /// Every configuration as CSV.
 pub fn csv(t: &StudyTable) -> String {
     let mut out = String::from(
-        "model,base,beta,seeds,validation_accuracy_mean,validation_accuracy_std,test_accuracy_mean,test_accuracy_std,train_loss_mean,train_loss_std,chosen\n",
+        "model,base,beta,seeds,validation_accuracy_mean,validation_accuracy_std,test_accuracy_mean,test_accuracy_std,train_loss_mean,train_loss_std,validation_loss_mean,validation_loss_std,test_loss_mean,test_loss_std,chosen\n",
     );
     for a in &t.grid {
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{}",
+            "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{}",
             a.model,
             a.base,
             a.beta.map(|b| b.to_string()).unwrap_or_default(),
@@ -135,6 +141,10 @@ pub fn csv(t: &StudyTable) -> String {
             a.test_accuracy_std,
             a.train_loss_mean,
             a.train_loss_std,
+            a.validation_loss_mean,
+            a.validation_loss_std,
+            a.test_loss_mean,
+            a.test_loss_std,
             a.chosen
         );
     }

@@ -23,7 +23,7 @@ use super::table::{RunResult, Settings, StudyTable, Variant, tabulate};
 /// user; the options come back with the study's defaults filled in.
 fn check_args(args: &PaperArgs) -> anyhow::Result<TrainOptions> {
     if args.models.is_empty() {
-        bail!("--models needs at least one of mlp, cnn");
+        bail!("--models needs at least one of mlp, cnn, transformer");
     }
     if args.bases.is_empty() {
         bail!("--bases needs at least one of local-sgd, sgp, osgp, ar-sgd, local-adam");
@@ -82,11 +82,6 @@ fn check_args(args: &PaperArgs) -> anyhow::Result<TrainOptions> {
             o.no_average.is_some(),
             "each base keeps its own averaging",
         ),
-        (
-            "--optimizer",
-            o.optimizer.is_some(),
-            "Local Adam is the Adam base (local-adam in --bases)",
-        ),
         ("--model", o.model.is_some(), "use --models"),
         ("--seed", o.seed.is_some(), "use --seeds N (seeds 1..=N)"),
     ];
@@ -94,6 +89,13 @@ fn check_args(args: &PaperArgs) -> anyhow::Result<TrainOptions> {
         if given {
             bail!("{flag} (or its key in --config) is set by the study for each run; {instead}");
         }
+    }
+    // --optimizer sets every base's inner optimizer (the transformer
+    // trains with Adam); Local Adam is that already
+    if o.optimizer.is_some() && args.bases.contains(&StudyBase::LocalAdam) {
+        bail!(
+            "--optimizer sets the inner optimizer of every base; local-adam in --bases is Local SGD with Adam already: leave one out"
+        );
     }
     o.dataset.get_or_insert(DatasetKind::FashionMnist.into());
     o.workers.get_or_insert(4);

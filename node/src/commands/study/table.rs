@@ -76,6 +76,11 @@ pub struct Aggregate {
     pub test_accuracy_std: f64,
     pub train_loss_mean: f64,
     pub train_loss_std: f64,
+    /// Held-out losses of the averaged model (the transformer's measure).
+    pub validation_loss_mean: f64,
+    pub validation_loss_std: f64,
+    pub test_loss_mean: f64,
+    pub test_loss_std: f64,
     /// For a beta of the grid: whether validation chose it.
     pub chosen: bool,
 }
@@ -86,6 +91,8 @@ fn aggregate(variant: &Variant, runs: &[&RunResult]) -> Aggregate {
     let (va, vs) = mean_std(&of(|r| r.validation_accuracy));
     let (ta, ts) = mean_std(&of(|r| r.test_accuracy));
     let (la, ls) = mean_std(&of(|r| r.final_train_loss));
+    let (vla, vls) = mean_std(&of(|r| r.validation_loss));
+    let (tla, tls) = mean_std(&of(|r| r.test_loss));
     Aggregate {
         model: variant.model,
         base: variant.base,
@@ -97,19 +104,33 @@ fn aggregate(variant: &Variant, runs: &[&RunResult]) -> Aggregate {
         test_accuracy_std: ts,
         train_loss_mean: la,
         train_loss_std: ls,
+        validation_loss_mean: vla,
+        validation_loss_std: vls,
+        test_loss_mean: tla,
+        test_loss_std: tls,
         chosen: false,
     }
 }
 
-/// The grid's beta with the highest mean validation accuracy (the first of
-/// equals, in grid order); only `validation_accuracy_mean` is read.
+/// What validation ranks a model's runs by: the language model by its
+/// held-out loss (lower is better), the classifiers by accuracy.
+pub fn choice_score(a: &Aggregate) -> f64 {
+    match a.model {
+        ModelKind::Transformer => -a.validation_loss_mean,
+        _ => a.validation_accuracy_mean,
+    }
+}
+
+/// The grid's beta with the best mean validation figure (accuracy, or
+/// loss for the transformer: [`choice_score`]; the first of equals, in grid
+/// order); no test figure is read.
 pub fn choose_beta(grid: &[Aggregate]) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, a) in grid.iter().enumerate() {
-        if a.beta.is_none() || !a.validation_accuracy_mean.is_finite() {
+        if a.beta.is_none() || !choice_score(a).is_finite() {
             continue;
         }
-        if best.is_none_or(|b| a.validation_accuracy_mean > grid[b].validation_accuracy_mean) {
+        if best.is_none_or(|b| choice_score(a) > choice_score(&grid[b])) {
             best = Some(i);
         }
     }
@@ -222,8 +243,27 @@ mod tests {
             test_accuracy_std: 0.0,
             train_loss_mean: 0.5,
             train_loss_std: 0.0,
+            validation_loss_mean: 1.0 - val,
+            validation_loss_std: 0.0,
+            test_loss_mean: 1.0 - test,
+            test_loss_std: 0.0,
             chosen: false,
         }
+    }
+
+    #[test]
+    fn the_language_model_is_chosen_by_validation_loss() {
+        let mut grid = [agg(Some(0.3), 0.5, 0.5), agg(Some(0.5), 0.6, 0.5)];
+        for a in &mut grid {
+            a.model = ModelKind::Transformer;
+        }
+        // the higher accuracy has the higher loss here: loss decides
+        grid[1].validation_loss_mean = 2.0;
+        grid[0].validation_loss_mean = 1.5;
+        assert_eq!(choose_beta(&grid), Some(0));
+        grid[0].model = ModelKind::Mlp;
+        grid[1].model = ModelKind::Mlp;
+        assert_eq!(choose_beta(&grid), Some(1));
     }
 
     #[test]

@@ -1,0 +1,61 @@
+//! `node/examples/custom_model.rs` in CI: a model defined outside the
+//! crates, trained in the simulator and over two real peers, every
+//! parameter file bit-identical; and the checks a custom workload gets.
+
+#[path = "../examples/custom_model.rs"]
+mod example;
+
+use slowmo_node::data::Dataset;
+
+#[test]
+fn a_model_from_outside_the_crate_trains_over_two_peers_as_in_the_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    // `run` checks the peers' and the simulator's parameters bit for bit
+    let accuracy = example::run(600, dir.path()).unwrap();
+    assert!(accuracy > 0.9, "the spirals were not learned: {accuracy}");
+}
+
+#[test]
+fn samples_that_do_not_fit_are_refused_naming_the_split() {
+    let ok = || (vec![0.0f32; 4], vec![0u32, 1]);
+    assert!(Dataset::from_samples("d", 2, 2, ok(), ok()).is_ok());
+    let e = |train: (Vec<f32>, Vec<u32>), test| {
+        Dataset::from_samples("d", 2, 2, train, test)
+            .unwrap_err()
+            .to_string()
+    };
+    let short = e((vec![0.0; 3], vec![0, 1]), ok());
+    assert!(
+        short.contains("train split") && short.contains("3 values"),
+        "{short}"
+    );
+    let label = e(ok(), (vec![0.0; 4], vec![0, 2]));
+    assert!(
+        label.contains("test split") && label.contains("label 2"),
+        "{label}"
+    );
+    let nan = e((vec![0.0, f32::NAN, 0.0, 0.0], vec![0, 1]), ok());
+    assert!(nan.contains("value 1") && nan.contains("NaN"), "{nan}");
+    let empty = e((Vec::new(), Vec::new()), ok());
+    assert!(empty.contains("no samples"), "{empty}");
+}
+
+#[test]
+fn a_model_that_reads_other_samples_than_the_data_is_refused() {
+    let dataset = Dataset::from_samples(
+        "three",
+        3,
+        2,
+        (vec![0.0; 6], vec![0, 1]),
+        (vec![0.0; 6], vec![0, 1]),
+    )
+    .unwrap();
+    let w = slowmo_node::engine::setup::Workload::custom(dataset, |d| {
+        Ok(Box::new(example::SpiralNet::new(d)) as Box<dyn slowmo_node::model::Learner>)
+    });
+    let e = match w.build(&candle_core::Device::Cpu) {
+        Ok(_) => panic!("a model of 2 values per sample took samples of 3"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("2 values") && e.contains("three"), "{e}");
+}
