@@ -326,8 +326,8 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
     let rank = comm.rank();
     tracing::info!(rank, peer = %comm.local_peer_id(), "run started");
     let shards = data::shard_indices(
-        &dataset.train.labels,
-        dataset.classes,
+        &dataset.train().labels(),
+        dataset.classes(),
         config.workers,
         config.partition,
         config.seed,

@@ -2,7 +2,7 @@
 
 use slowmo_optim::Rng;
 
-use super::Split;
+use super::Samples;
 
 /// Walks a shard of sample indices in a random order that is reshuffled at
 /// the start of every epoch, from `Rng::derive(seed, epoch)`: the order is a
@@ -84,7 +84,7 @@ impl Batcher {
     /// programming error and panics. An empty shard yields an empty batch.
     pub fn next_batch(
         &mut self,
-        split: &Split,
+        split: &dyn Samples,
         sample_len: usize,
         batch: usize,
         images: &mut Vec<f32>,
@@ -104,8 +104,8 @@ impl Batcher {
                 self.epoch += 1;
                 self.reshuffle();
             }
-            split.image_into(i, sample_len, images);
-            labels.push(split.labels[i]);
+            split.sample_into(i, images);
+            labels.push(split.label(i));
         }
     }
 }
@@ -113,6 +113,7 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::Split;
 
     fn split(n: usize) -> Split {
         Split {

@@ -24,6 +24,7 @@ pub mod cifar;
 pub mod idx;
 pub mod partition;
 pub mod pixels;
+pub mod samples;
 pub mod synthetic;
 pub mod text;
 
@@ -32,6 +33,7 @@ use std::path::{Path, PathBuf};
 pub use batcher::Batcher;
 pub use partition::{Partition, shard_indices};
 pub use pixels::Pixels;
+pub use samples::{Head, Samples, TrainData};
 
 /// Where Debian's `dataset-fashion-mnist` package puts the four gzip IDX files.
 pub const DEBIAN_FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";

@@ -71,8 +71,8 @@ impl Worker<'_> {
         let topology = slowmo_topologies::build(&self.config.graph, view.world)
             .map_err(|e| other(format!("graph of the new view: {e}")))?;
         let mut shards = crate::data::shard_indices(
-            &self.dataset.train.labels,
-            self.dataset.classes,
+            &self.dataset.train().labels(),
+            self.dataset.classes(),
             view.world,
             self.config.partition,
             self.config.seed,

@@ -8,7 +8,7 @@ use anyhow::Context;
 use candle_core::Device;
 
 use crate::config::RunConfig;
-use crate::data::{self, Dataset};
+use crate::data::{self, Dataset, TrainData};
 use crate::model::{Learner, Model};
 
 /// Builds a run's model on a device (each worker builds its own).
@@ -24,7 +24,7 @@ pub type ModelFactory = dyn Fn(&Device) -> anyhow::Result<Box<dyn Learner>> + Se
 #[derive(Clone)]
 pub struct Workload {
     /// The training and evaluation splits.
-    pub dataset: Arc<Dataset>,
+    pub dataset: Arc<dyn TrainData>,
     model: Arc<ModelFactory>,
 }
 
@@ -48,9 +48,9 @@ impl Workload {
     }
 
     /// A caller's own model, built by `model` on the run's device, over its
-    /// own data.
+    /// own data (a [`Dataset`] of its samples or any [`TrainData`]).
     pub fn custom(
-        dataset: Dataset,
+        dataset: impl TrainData + 'static,
         model: impl Fn(&Device) -> anyhow::Result<Box<dyn Learner>> + Send + Sync + 'static,
     ) -> Self {
         Self {
@@ -67,7 +67,7 @@ impl Workload {
         if reads != holds {
             anyhow::bail!(
                 "the model reads samples of {reads} values; dataset {} holds samples of {holds}",
-                self.dataset.name
+                self.dataset.name()
             );
         }
         if model.num_params() == 0 {

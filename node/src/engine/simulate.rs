@@ -252,8 +252,8 @@ impl<'a> Simulation<'a> {
             resume = found.into_iter().map(Some).collect();
         }
         let shards = data::shard_indices(
-            &dataset.train.labels,
-            dataset.classes,
+            &dataset.train().labels(),
+            dataset.classes(),
             m,
             config.partition,
             config.seed,

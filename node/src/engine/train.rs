@@ -22,7 +22,7 @@ use slowmo_optim::OuterLoop;
 use slowmo_topologies::Topology;
 
 use crate::config::RunConfig;
-use crate::data::{Batcher, Dataset, Split};
+use crate::data::{Batcher, Head, Samples, TrainData};
 use crate::engine::exchange::{CommExchange, l2_distance, l2_norm, sum_over_workers};
 use crate::engine::worker::{LossWindow, Place, Worker};
 use crate::io::checkpoint::{Checkpoint, CheckpointError};
@@ -61,7 +61,8 @@ pub enum TrainError {
 /// What one worker needs besides its communicator.
 pub struct WorkerSetup {
     pub config: RunConfig,
-    pub dataset: Arc<Dataset>,
+    /// The data: a built-in [`crate::data::Dataset`] or the caller's own.
+    pub dataset: Arc<dyn TrainData>,
     /// Indices of this worker's training samples.
     pub shard: Vec<usize>,
     /// The model: a built-in [`crate::model::Model`] or the caller's own.
@@ -139,7 +140,7 @@ fn snapshot(
     model: &mut dyn Learner,
     z: &[f32],
     w: f64,
-    test: &Split,
+    test: &dyn Samples,
     sample_len: usize,
     train_loss: f32,
 ) -> Result<(Snapshot, f32), TrainError> {
@@ -251,7 +252,7 @@ fn evaluate_into(
     net: &mut CommExchange<'_>,
     model: &mut dyn Learner,
     outer: &mut OuterLoop,
-    (split, sample_len): (&Split, usize),
+    (split, sample_len): (&dyn Samples, usize),
     losses: &LossWindow,
     own_only: bool,
 ) -> Result<(), TrainError> {
@@ -337,9 +338,6 @@ pub fn run_worker_keeping(
         outer = outer.with_compressed_average();
     }
     let batcher = Batcher::new(shard, batch_seed(config.seed, rank));
-    // The test split itself when it is no longer (a copy would double it).
-    let eval_head =
-        (dataset.test.len() > EVAL_SAMPLES).then(|| dataset.test.select(0..EVAL_SAMPLES));
     let mut w = Worker {
         place: Place {
             rank,
@@ -355,7 +353,6 @@ pub fn run_worker_keeping(
         batcher,
         losses: LossWindow::default(),
         grad,
-        eval_head,
         sample_len,
         push_sum,
         started,
@@ -437,7 +434,7 @@ impl Worker<'_> {
             }
             let lr = config.schedule.lr(config.lr, step, config.steps);
             self.batcher.next_batch(
-                &self.dataset.train,
+                self.dataset.train(),
                 sample_len,
                 config.batch_size,
                 &mut images,
@@ -483,8 +480,12 @@ impl Worker<'_> {
                 && step + 1 < config.steps
             {
                 let own_only = config.algorithm.background_gossip;
-                let split = self.eval_head.as_ref().unwrap_or(&self.dataset.test);
-                let eval = (split, sample_len);
+                // the head of the test split, read in place
+                let head = Head {
+                    samples: self.dataset.test(),
+                    n: EVAL_SAMPLES,
+                };
+                let eval = (&head as &dyn Samples, sample_len);
                 evaluate_into(
                     &mut record,
                     &mut net,
@@ -512,13 +513,13 @@ impl Worker<'_> {
             &mut *self.model,
             self.outer.params(),
             w,
-            &self.dataset.test,
+            self.dataset.test(),
             sample_len,
             train_loss,
         )?;
         let averaged =
             self.model
-                .evaluate(&snap.z_bar, &self.dataset.test, sample_len, EVAL_BATCH)?;
+                .evaluate(&snap.z_bar, self.dataset.test(), sample_len, EVAL_BATCH)?;
         Ok(WorkerOutcome {
             rank: self.place.rank,
             steps: self.outer.steps(),

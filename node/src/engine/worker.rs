@@ -9,7 +9,7 @@ use slowmo_runspec::{StepRecord, ViewEvent};
 use slowmo_topologies::Topology;
 
 use crate::config::RunConfig;
-use crate::data::{Batcher, Dataset, Split};
+use crate::data::{Batcher, TrainData};
 use crate::io::checkpoint::Identity;
 use crate::model::Learner;
 
@@ -65,7 +65,7 @@ pub(super) struct Place {
 /// One worker's training state, across view changes.
 pub(super) struct Worker<'s> {
     pub(super) config: RunConfig,
-    pub(super) dataset: Arc<Dataset>,
+    pub(super) dataset: Arc<dyn TrainData>,
     pub(super) model: Box<dyn Learner>,
     pub(super) topology: Arc<dyn Topology>,
     pub(super) stop: Option<Arc<std::sync::atomic::AtomicBool>>,
@@ -74,9 +74,6 @@ pub(super) struct Worker<'s> {
     pub(super) batcher: Batcher,
     pub(super) losses: LossWindow,
     pub(super) grad: Vec<f32>,
-    /// The first [`EVAL_SAMPLES`](super::train::EVAL_SAMPLES) test samples
-    /// evaluations use, when the test split holds more (else the split).
-    pub(super) eval_head: Option<Split>,
     pub(super) sample_len: usize,
     pub(super) push_sum: bool,
     pub(super) started: Instant,

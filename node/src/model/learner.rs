@@ -13,7 +13,7 @@
 use candle_core::{Device, Tensor, Var, backprop::GradStore};
 
 use super::{Evaluation, Model, ModelError, ParamSpec, copy_out};
-use crate::data::Split;
+use crate::data::Samples;
 
 /// The loss and the hits of one evaluated batch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,7 +31,7 @@ pub struct BatchEval {
 /// parameter buffer laid out by [`Learner::layout`].
 ///
 /// A batch is `labels.len()` samples of [`Learner::sample_len`] `f32`
-/// values each, sample after sample, as the dataset's [`Split`] holds
+/// values each, sample after sample, as a split ([`Samples`]) gives
 /// them. Implementations must be deterministic (the same inputs give the
 /// same bits), or peers and the simulator stop agreeing bit for bit.
 pub trait Learner: Send {
@@ -74,7 +74,7 @@ pub trait Learner: Send {
     fn evaluate(
         &mut self,
         params: &[f32],
-        split: &Split,
+        split: &dyn Samples,
         sample_len: usize,
         batch: usize,
     ) -> Result<Evaluation, ModelError> {
@@ -87,11 +87,11 @@ pub trait Learner: Send {
 pub fn evaluate_in_batches<L: Learner + ?Sized>(
     learner: &mut L,
     params: &[f32],
-    split: &Split,
+    split: &dyn Samples,
     sample_len: usize,
     batch: usize,
 ) -> Result<Evaluation, ModelError> {
-    if sample_len != learner.sample_len() {
+    if sample_len != learner.sample_len() || split.sample_len() != sample_len {
         return Err(ModelError::Length {
             what: "samples of the split",
             expected: learner.sample_len(),
@@ -108,11 +108,9 @@ pub fn evaluate_in_batches<L: Learner + ?Sized>(
     }
     let (mut loss_sum, mut correct, mut predictions) = (0.0f64, 0u64, 0u64);
     let mut inputs = Vec::new();
-    for (k, labels) in split.labels.chunks(batch).enumerate() {
+    for (k, labels) in split.labels().chunks(batch).enumerate() {
         inputs.clear();
-        for i in k * batch..k * batch + labels.len() {
-            split.image_into(i, sample_len, &mut inputs);
-        }
+        (k * batch..k * batch + labels.len()).for_each(|i| split.sample_into(i, &mut inputs));
         let b = learner.evaluate_batch(params, &inputs, labels)?;
         loss_sum += f64::from(b.mean_loss) * labels.len() as f64;
         correct += b.correct;
@@ -165,7 +163,7 @@ impl Learner for Model {
     fn evaluate(
         &mut self,
         params: &[f32],
-        split: &Split,
+        split: &dyn Samples,
         sample_len: usize,
         batch: usize,
     ) -> Result<Evaluation, ModelError> {

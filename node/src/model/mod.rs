@@ -13,7 +13,7 @@
 //! well as 32x32x3 images, and a decoder-only transformer language model
 //! ([`Model::transformer`], see `transformer.rs`).
 //!
-//! The transformer reads the same [`Split`]s as the classifiers: a sample is
+//! The transformer reads the same splits ([`crate::data::Samples`]) as the classifiers: a sample is
 //! `context + 1` tokens (as `f32`); its first `context` are the inputs and
 //! its last `context` the next-token targets, so the loss is the mean
 //! cross-entropy over every position of every sample and the accuracy the
@@ -61,7 +61,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Storage, Tensor, Var};
 use slowmo_optim::Rng;
 
-use crate::data::Split;
+use crate::data::Samples;
 use arch::Arch;
 use slot::Init;
 
@@ -427,7 +427,7 @@ impl Model {
     pub fn evaluate(
         &mut self,
         params: &[f32],
-        split: &Split,
+        split: &dyn Samples,
         sample_len: usize,
         batch: usize,
     ) -> Result<Evaluation, ModelError> {
@@ -441,7 +441,8 @@ impl Model {
                 "evaluation batch size must be >= 1".into(),
             ));
         }
-        self.check_batch(split.images.len(), &split.labels)?;
+        let all_labels = split.labels();
+        self.check_batch(all_labels.len() * split.sample_len(), &all_labels)?;
         // the CNN's im2col buffer is 25 * channels floats per pixel per sample
         let batch = match self.kind {
             ModelKind::Cnn => batch.min(MAX_CNN_EVAL_CHUNK),
@@ -452,11 +453,10 @@ impl Model {
         };
         let tensors = self.constant_params(params)?;
         let (mut loss_sum, mut correct) = (0.0f64, 0u64);
-        for (k, labels) in split.labels.chunks(batch).enumerate() {
-            let start = k * batch * sample_len;
-            let imgs = (split.images)
-                .get(start, start + labels.len() * sample_len)
-                .expect("the split's length was checked");
+        let mut imgs = Vec::with_capacity(batch.min(all_labels.len()) * sample_len);
+        for (k, labels) in all_labels.chunks(batch).enumerate() {
+            imgs.clear();
+            (k * batch..k * batch + labels.len()).for_each(|i| split.sample_into(i, &mut imgs));
             let b = self.eval_chunk(&tensors, &imgs, labels)?;
             loss_sum += f64::from(b.mean_loss) * labels.len() as f64;
             correct += b.correct;

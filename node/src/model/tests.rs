@@ -1,4 +1,5 @@
 use super::*;
+use crate::data::Split;
 
 fn cpu() -> Device {
     Device::Cpu

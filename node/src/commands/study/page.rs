@@ -24,7 +24,7 @@ fn loss(mean: f64, std: f64) -> String {
 pub fn caption(t: &StudyTable) -> String {
     let s = &t.settings;
     format!(
-        "{} simulated workers, {}, {} base steps, batch {} per worker, tau {}, SGD lr {} (momentum {}), Adam lr {}, MLP hidden {:?}; \
+        "{} simulated workers, {}, {} base steps, batch {} per worker, tau {}, {}, Adam lr {} (Local Adam), MLP hidden {:?}; \
          {} seeds per row (mean ± sample std); beta chosen per row from {{{}}} by mean validation accuracy (the transformer: validation loss) on {} training samples held out \
          (training on the other {}); test figures of the exactly averaged model on the {} test samples.",
         s.workers,
@@ -32,8 +32,11 @@ pub fn caption(t: &StudyTable) -> String {
         s.steps,
         s.batch_size,
         s.tau,
-        s.sgd_lr,
-        s.sgd_momentum,
+        if s.optimizer == "sgd" {
+            format!("SGD lr {} (momentum {})", s.sgd_lr, s.sgd_momentum)
+        } else {
+            format!("inner optimizer {} lr {}", s.optimizer, s.sgd_lr)
+        },
         s.adam_lr,
         s.hidden,
         s.seeds,

@@ -381,6 +381,7 @@ pub fn run_paper(args: PaperArgs) -> anyhow::Result<StudyTable> {
         steps: c.steps,
         batch_size: c.batch_size,
         tau: c.algorithm.slowmo.tau,
+        optimizer: c.optimizer.kind.to_string(),
         sgd_lr: c.lr,
         sgd_momentum: c.optimizer.momentum,
         adam_lr: args.adam_lr,

@@ -163,6 +163,9 @@ pub struct Settings {
     pub steps: u64,
     pub batch_size: usize,
     pub tau: u64,
+    /// The inner optimizer of every base but Local Adam (sgd unless
+    /// `--optimizer` says otherwise), with `sgd_lr` as its learning rate.
+    pub optimizer: String,
     pub sgd_lr: f32,
     pub sgd_momentum: f32,
     pub adam_lr: f32,
