@@ -13,7 +13,8 @@
 //! layout of named tensors over one flat `f32` buffer, the initial buffer
 //! for a seed, the loss and gradient of a batch, and the loss and hits of
 //! an evaluated batch. [`FlatParams`] does the copies between the flat
-//! buffer and candle. The data is a [`Dataset`] of the caller's samples.
+//! buffer and candle. The data is [`TrainData`] over [`Samples`] computed
+//! on demand (data already in memory can be a `Dataset::from_samples`).
 //!
 //! At the end the two peers' parameter files must be byte-identical to
 //! each other and to the simulator's result, as they are for the built-in
@@ -26,7 +27,7 @@ use candle_core::{D, DType, Device, Tensor};
 use clap::Parser;
 use slowmo_node::commands::node::{NodeArgs, run_with};
 use slowmo_node::config::TrainOptions;
-use slowmo_node::data::Dataset;
+use slowmo_node::data::{Samples, TrainData};
 use slowmo_node::engine::setup::Workload;
 use slowmo_node::engine::simulate::Simulation;
 use slowmo_node::model::{BatchEval, FlatParams, Learner, ModelError, ParamSpec, load_params_file};
@@ -136,29 +137,70 @@ impl Learner for SpiralNet {
     }
 }
 
-/// `n` points of two interleaved spirals with a little noise, labels 0/1.
-pub fn spirals(n: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
-    let mut rng = slowmo_optim::Rng::new(seed);
-    let (mut xs, mut ys) = (Vec::new(), Vec::new());
-    for i in 0..n {
-        let class = (i % 2) as u32;
-        let t = 0.5 + 3.0 * rng.uniform();
-        let angle = t * 2.0 + std::f64::consts::PI * f64::from(class);
-        let mut noise = || 0.08 * (rng.uniform() - 0.5);
-        let (x, y) = (t * angle.cos() / 3.5, t * angle.sin() / 3.5);
-        let (nx, ny) = (noise(), noise());
-        xs.extend([(x + nx) as f32, (y + ny) as f32]);
-        ys.push(class);
-    }
-    (xs, ys)
+/// Two interleaved spirals with a little noise: point `i` (label `i % 2`)
+/// is computed from the seed and `i` when the loop asks for it, so the data
+/// needs no memory and no file. This is all the loop needs of a split.
+pub struct Spiral {
+    pub n: usize,
+    pub seed: u64,
 }
 
-/// The workload: the model and 4000 training points, 1000 held out.
-pub fn workload() -> Result<Workload> {
-    let dataset = Dataset::from_samples("spirals", 2, CLASSES, spirals(4000, 1), spirals(1000, 2))?;
-    Ok(Workload::custom(dataset, |device| {
+impl Samples for Spiral {
+    fn len(&self) -> usize {
+        self.n
+    }
+
+    fn sample_len(&self) -> usize {
+        2
+    }
+
+    fn label(&self, i: usize) -> u32 {
+        (i % 2) as u32
+    }
+
+    fn sample_into(&self, i: usize, out: &mut Vec<f32>) {
+        let mut rng = slowmo_optim::Rng::derive(self.seed, i as u64);
+        let t = 0.5 + 3.0 * rng.uniform();
+        let angle = t * 2.0 + std::f64::consts::PI * f64::from(self.label(i));
+        let (nx, ny) = (rng.uniform() - 0.5, rng.uniform() - 0.5);
+        out.push((t * angle.cos() / 3.5 + 0.08 * nx) as f32);
+        out.push((t * angle.sin() / 3.5 + 0.08 * ny) as f32);
+    }
+}
+
+/// The dataset: 4000 training points, 1000 held out (another seed).
+pub struct Spirals {
+    train: Spiral,
+    test: Spiral,
+}
+
+impl TrainData for Spirals {
+    fn name(&self) -> &str {
+        "spirals"
+    }
+
+    fn classes(&self) -> usize {
+        CLASSES
+    }
+
+    fn train(&self) -> &dyn Samples {
+        &self.train
+    }
+
+    fn test(&self) -> &dyn Samples {
+        &self.test
+    }
+}
+
+/// The workload: the model and the spirals.
+pub fn workload() -> Workload {
+    let data = Spirals {
+        train: Spiral { n: 4000, seed: 1 },
+        test: Spiral { n: 1000, seed: 2 },
+    };
+    Workload::custom(data, |device| {
         Ok(Box::new(SpiralNet::new(device)) as Box<dyn Learner>)
-    }))
+    })
 }
 
 /// The run's settings, shared by the simulator and the peers: SlowMo over
@@ -188,7 +230,7 @@ pub fn run(steps: u64, dir: &Path) -> Result<f32> {
     let config = TrainOptions::from_toml(&settings(steps))
         .map_err(anyhow::Error::msg)?
         .resolve()?;
-    let summary = Simulation::new(&config).workload(workload()?).run()?;
+    let summary = Simulation::new(&config).workload(workload()).run()?;
     println!(
         "simulator: {steps} steps, test accuracy {:.4} (averaged model)",
         summary.test_accuracy
@@ -214,7 +256,7 @@ pub fn run(steps: u64, dir: &Path) -> Result<f32> {
                 "--save-params".into(),
                 params.display().to_string(),
             ])?;
-            let handle = std::thread::spawn(move || run_with(cli.args, Some(workload()?)));
+            let handle = std::thread::spawn(move || run_with(cli.args, Some(workload())));
             Ok::<_, anyhow::Error>((handle, params))
         })
         .collect::<Result<_>>()?;

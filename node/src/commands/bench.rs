@@ -54,7 +54,8 @@ pub enum BenchCommand {
     },
     /// Time of one training step (forward, backward, optimizer) of each
     /// built-in model on this CPU, for the side-by-side with PyTorch
-    /// (`tools/bench/torch_step.py`); threads from `RAYON_NUM_THREADS`.
+    /// (`tools/bench/torch_step.py`); one compute thread unless
+    /// `RAYON_NUM_THREADS` says otherwise.
     Step {
         /// Models, comma separated: mlp, cnn, transformer.
         #[arg(long, value_delimiter = ',', default_value = "mlp,cnn,transformer")]

@@ -8,7 +8,7 @@
 //! and 10 classes for the MLP and the CNN, byte tokens for the
 //! transformer), drawn once from a fixed seed: the step's cost does not
 //! depend on the values. The compute threads are candle's, set as for a
-//! node by `RAYON_NUM_THREADS` (printed beside the figures).
+//! node by `RAYON_NUM_THREADS` (1 unless set; printed beside the figures).
 
 use std::time::Instant;
 
