@@ -205,7 +205,7 @@ pub fn workload() -> Workload {
 
 /// The run's settings, shared by the simulator and the peers: SlowMo over
 /// SGP (the default algorithm), two workers.
-fn settings(steps: u64) -> String {
+pub fn settings(steps: u64) -> String {
     format!("workers = 2\nsteps = {steps}\nlr = 0.05\nbatch_size = 32\neval_every = 0\n")
 }
 

@@ -59,3 +59,38 @@ fn a_model_that_reads_other_samples_than_the_data_is_refused() {
     };
     assert!(e.contains("2 values") && e.contains("three"), "{e}");
 }
+
+#[test]
+fn data_computed_on_demand_trains_as_the_same_data_held_in_memory() {
+    use example::{Spiral, SpiralNet};
+    use slowmo_node::data::Samples;
+    use slowmo_node::engine::setup::Workload;
+    use slowmo_node::engine::simulate::Simulation;
+
+    let config = slowmo_node::config::TrainOptions::from_toml(&example::settings(60))
+        .unwrap()
+        .resolve()
+        .unwrap();
+    let materialise = |s: &Spiral| {
+        let mut values = Vec::new();
+        (0..s.len()).for_each(|i| s.sample_into(i, &mut values));
+        (values, s.labels())
+    };
+    let (train, test) = (Spiral { n: 4000, seed: 1 }, Spiral { n: 1000, seed: 2 });
+    let in_memory =
+        Dataset::from_samples("spirals", 2, 2, materialise(&train), materialise(&test)).unwrap();
+    let model = |d: &candle_core::Device| {
+        Ok(Box::new(SpiralNet::new(d)) as Box<dyn slowmo_node::model::Learner>)
+    };
+    let lazy = Simulation::new(&config)
+        .workload(example::workload())
+        .run()
+        .unwrap();
+    let held = Simulation::new(&config)
+        .workload(Workload::custom(in_memory, model))
+        .run()
+        .unwrap();
+    let bits = |p: &[f32]| p.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&lazy.averaged_params), bits(&held.averaged_params));
+    assert_eq!(lazy.test_accuracy, held.test_accuracy);
+}

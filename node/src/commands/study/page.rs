@@ -20,11 +20,24 @@ fn loss(mean: f64, std: f64) -> String {
     format!("{mean:.4} ± {std:.4}")
 }
 
-/// What every run shared, in one sentence.
+/// What every run shared, in one sentence (Local Adam's learning rate and
+/// the MLP's widths only where the study has them).
 pub fn caption(t: &StudyTable) -> String {
     let s = &t.settings;
+    let has = |f: &dyn Fn(&super::table::Comparison) -> bool| t.comparisons.iter().any(f);
+    let mut optimizers = if s.optimizer == "sgd" {
+        format!("SGD lr {} (momentum {})", s.sgd_lr, s.sgd_momentum)
+    } else {
+        format!("inner optimizer {} lr {}", s.optimizer, s.sgd_lr)
+    };
+    if has(&|c| c.base == super::args::StudyBase::LocalAdam) {
+        optimizers += &format!(", Local Adam lr {}", s.adam_lr);
+    }
+    if has(&|c| c.model == slowmo_runspec::ModelKind::Mlp) {
+        optimizers += &format!(", MLP hidden {:?}", s.hidden);
+    }
     format!(
-        "{} simulated workers, {}, {} base steps, batch {} per worker, tau {}, {}, Adam lr {} (Local Adam), MLP hidden {:?}; \
+        "{} simulated workers, {}, {} base steps, batch {} per worker, tau {}, {optimizers}; \
          {} seeds per row (mean ± sample std); beta chosen per row from {{{}}} by mean validation accuracy (the transformer: validation loss) on {} training samples held out \
          (training on the other {}); test figures of the exactly averaged model on the {} test samples.",
         s.workers,
@@ -32,13 +45,6 @@ pub fn caption(t: &StudyTable) -> String {
         s.steps,
         s.batch_size,
         s.tau,
-        if s.optimizer == "sgd" {
-            format!("SGD lr {} (momentum {})", s.sgd_lr, s.sgd_momentum)
-        } else {
-            format!("inner optimizer {} lr {}", s.optimizer, s.sgd_lr)
-        },
-        s.adam_lr,
-        s.hidden,
         s.seeds,
         s.betas
             .iter()
