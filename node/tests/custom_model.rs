@@ -94,3 +94,83 @@ fn data_computed_on_demand_trains_as_the_same_data_held_in_memory() {
     assert_eq!(bits(&lazy.averaged_params), bits(&held.averaged_params));
     assert_eq!(lazy.test_accuracy, held.test_accuracy);
 }
+
+/// SpiralNet with initial parameters that are wrong in one way.
+struct BadInit(example::SpiralNet, fn(Vec<f32>) -> Vec<f32>);
+
+impl slowmo_node::model::Learner for BadInit {
+    fn layout(&self) -> &[slowmo_node::model::ParamSpec] {
+        self.0.layout()
+    }
+    fn sample_len(&self) -> usize {
+        self.0.sample_len()
+    }
+    fn init_params(&self, seed: u64) -> Vec<f32> {
+        (self.1)(self.0.init_params(seed))
+    }
+    fn loss_and_grad(
+        &mut self,
+        params: &[f32],
+        inputs: &[f32],
+        labels: &[u32],
+        grad: &mut [f32],
+    ) -> Result<f32, slowmo_node::model::ModelError> {
+        self.0.loss_and_grad(params, inputs, labels, grad)
+    }
+    fn evaluate_batch(
+        &mut self,
+        params: &[f32],
+        inputs: &[f32],
+        labels: &[u32],
+    ) -> Result<slowmo_node::model::BatchEval, slowmo_node::model::ModelError> {
+        self.0.evaluate_batch(params, inputs, labels)
+    }
+}
+
+#[test]
+fn initial_parameters_of_the_wrong_length_or_not_finite_are_refused() {
+    use slowmo_node::engine::setup::Workload;
+    use slowmo_node::engine::simulate::Simulation;
+
+    let config = slowmo_node::config::TrainOptions::from_toml(&example::settings(5))
+        .unwrap()
+        .resolve()
+        .unwrap();
+    let cases: [(fn(Vec<f32>) -> Vec<f32>, &[&str]); 2] = [
+        (
+            |mut x| {
+                x.pop();
+                x
+            },
+            &["initial parameters", "161", "expected 162"],
+        ),
+        (
+            |mut x| {
+                x[100] = f32::NAN;
+                x
+            },
+            &["initial parameter 100", "out.weight", "NaN"],
+        ),
+    ];
+    for (spoil, wanted) in cases {
+        let data = Dataset::from_samples(
+            "d",
+            2,
+            2,
+            (vec![0.5; 8], vec![0, 1, 0, 1]),
+            (vec![0.5; 4], vec![0, 1]),
+        )
+        .unwrap();
+        let w = Workload::custom(data, move |d| {
+            Ok(Box::new(BadInit(example::SpiralNet::new(d), spoil))
+                as Box<dyn slowmo_node::model::Learner>)
+        });
+        let e = match Simulation::new(&config).workload(w).run() {
+            Ok(_) => panic!("spoiled initial parameters trained"),
+            Err(e) => format!("{e:#}"),
+        };
+        for s in wanted {
+            assert!(e.contains(s), "{s:?} not in {e}");
+        }
+    }
+}

@@ -5,7 +5,7 @@ each codec against none, in `slowmo simulate --network` over 20 Mbit/s,
 50 ms links (thin-link.toml).
 
     python3 tools/compression/measure.py [--slowmo target/release/slowmo]
-        [--seeds 3] [--steps 1500] [--out compression-runs]
+        [--model mlp|cnn] [--seeds 3] [--steps 1500] [--out compression-runs]
 
 The push-sum bases (SGP, SlowMo over SGP) compress their gossip
 (`--compress`), SlowMo over SGP also with its exact averages
@@ -23,24 +23,26 @@ import statistics
 import subprocess
 import sys
 
+# (key for --algorithms, name in the table, training flags, codec flags)
 ALGORITHMS = [
-    ("SGP", ["--preset", "sgp"], ["--compress"]),
-    ("SlowMo-SGP", ["--base", "sgp", "--beta", "0.5"], ["--compress"]),
-    ("SlowMo-SGP", ["--base", "sgp", "--beta", "0.5"], ["--compress", "--compress-average"]),
-    ("Local SGD", ["--preset", "local-sgd"], ["--compress-average"]),
-    ("SlowMo-Local SGD", ["--base", "local-sgd", "--beta", "0.5"], ["--compress-average"]),
+    ("sgp", "SGP", ["--preset", "sgp"], ["--compress"]),
+    ("slowmo-sgp", "SlowMo-SGP", ["--base", "sgp", "--beta", "0.5"], ["--compress"]),
+    ("slowmo-sgp-avg", "SlowMo-SGP", ["--base", "sgp", "--beta", "0.5"], ["--compress", "--compress-average"]),
+    ("local-sgd", "Local SGD", ["--preset", "local-sgd"], ["--compress-average"]),
+    ("slowmo-local-sgd", "SlowMo-Local SGD", ["--base", "local-sgd", "--beta", "0.5"], ["--compress-average"]),
 ]
 CODECS = ["none", "bf16", "int8", "topk:0.01"]
 
 
 def run(opts, name, flags, codec_flags, codec, seed):
     tag = "".join(f.removeprefix("--compress") or "-gossip" for f in codec_flags)
-    folder = os.path.join(opts.out, f"{name.replace(' ', '_')}{tag}-{codec.replace(':', '')}-{seed}")
+    model = "" if opts.model == "mlp" else f"{opts.model}-"
+    folder = os.path.join(opts.out, f"{model}{name.replace(' ', '_')}{tag}-{codec.replace(':', '')}-{seed}")
     summary = os.path.join(folder, "summary.json")
     if not os.path.exists(summary):
         os.makedirs(folder, exist_ok=True)
         cmd = [
-            opts.slowmo, "simulate", "--quiet", "--dataset", "fashion-mnist", "--workers", "8",
+            opts.slowmo, "simulate", "--quiet", "--dataset", "fashion-mnist", "--model", opts.model, "--workers", "8",
             "--tau", "12", "--steps", str(opts.steps), "--lr", "0.01", "--momentum", "0.9",
             "--batch-size", "32", "--eval-every", "100", "--seed", str(seed),
             "--network", opts.network, "--metrics-jsonl", os.path.join(folder, "metrics.jsonl"),
@@ -74,22 +76,27 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slowmo", default="target/release/slowmo")
     p.add_argument("--network", default=os.path.join(os.path.dirname(__file__), "thin-link.toml"))
+    p.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--codecs", default=",".join(CODECS))
-    p.add_argument("--algorithms", default=",".join(a[0] for a in ALGORITHMS))
+    p.add_argument("--algorithms", default=",".join(a[0] for a in ALGORITHMS),
+                   help="keys, comma separated: " + ", ".join(a[0] for a in ALGORITHMS))
     p.add_argument("--out", default="compression-runs")
     opts = p.parse_args()
     codecs = opts.codecs.split(",")
     if codecs[0] != "none":
         sys.exit("--codecs must start with none (the baseline of each row)")
     chosen = opts.algorithms.split(",")
-    print(f"{opts.steps} steps, seeds 1-{opts.seeds}, 8 workers, Fashion-MNIST MLP, {opts.network}")
+    print(f"{opts.steps} steps, seeds 1-{opts.seeds}, 8 workers, Fashion-MNIST {opts.model.upper()}, {opts.network}")
     print()
     print("| algorithm | flag | codec | test accuracy (%) | bytes/step/worker | fewer bytes | time to target (s) | faster |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, flags, codec_flags in ALGORITHMS:
-        if name not in chosen:
+    unknown = set(chosen) - {a[0] for a in ALGORITHMS}
+    if unknown:
+        sys.exit(f"--algorithms: unknown {', '.join(sorted(unknown))}")
+    for key, name, flags, codec_flags in ALGORITHMS:
+        if key not in chosen:
             continue
         flag = " ".join(codec_flags)
         results = {

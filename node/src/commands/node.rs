@@ -246,7 +246,7 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
     let dataset = workload.dataset.clone();
     let model = workload.build(&device)?;
     outputs.prepare_saver(model.layout());
-    let x0 = model.init_params(config.seed);
+    let x0 = crate::model::initial_params(&*model, config.seed)?;
     let run = RunIdentity {
         run_id: args.run_id.clone(),
         config_hash: config.hash(),

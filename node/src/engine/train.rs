@@ -330,7 +330,7 @@ pub fn run_worker_keeping(
     let push_sum = config.uses_push_sum();
     // x_{0,0} is the same on every worker; the machine captures the anchor
     // before any step.
-    let x0 = model.init_params(config.seed);
+    let x0 = crate::model::initial_params(&*model, config.seed).map_err(|e| early(e.into()))?;
     let grad = vec![0f32; x0.len()];
     let mut outer = OuterLoop::new(config.algorithm.clone(), &config.optimizer, x0)
         .map_err(|e| early(TrainError::Comm(CommError::Config(e.to_string()))))?;

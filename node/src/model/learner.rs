@@ -82,6 +82,32 @@ pub trait Learner: Send {
     }
 }
 
+/// The initial parameters of `learner` for `seed`, checked: as many as its
+/// layout holds, every one finite (a learner written outside the crate is
+/// not trusted to get this right).
+pub fn initial_params<L: Learner + ?Sized>(learner: &L, seed: u64) -> Result<Vec<f32>, ModelError> {
+    let x0 = learner.init_params(seed);
+    if x0.len() != learner.num_params() {
+        return Err(ModelError::Length {
+            what: "the initial parameters",
+            expected: learner.num_params(),
+            got: x0.len(),
+        });
+    }
+    if let Some(i) = x0.iter().position(|v| !v.is_finite()) {
+        let name = learner
+            .layout()
+            .iter()
+            .find(|s| s.range().contains(&i))
+            .map_or("?", |s| s.name.as_str());
+        return Err(ModelError::Config(format!(
+            "initial parameter {i} (in {name}) is {}",
+            x0[i]
+        )));
+    }
+    Ok(x0)
+}
+
 /// [`Learner::evaluate`] from [`Learner::evaluate_batch`]: the split in
 /// chunks of `batch`, the loss weighted by each chunk's samples.
 pub fn evaluate_in_batches<L: Learner + ?Sized>(

@@ -65,7 +65,7 @@ use crate::data::Samples;
 use arch::Arch;
 use slot::Init;
 
-pub use learner::{BatchEval, FlatParams, Learner, evaluate_in_batches};
+pub use learner::{BatchEval, FlatParams, Learner, evaluate_in_batches, initial_params};
 pub use slowmo_runspec::{ModelKind, TransformerShape};
 
 /// Where one named parameter tensor lives in the flat buffer.
