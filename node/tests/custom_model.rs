@@ -95,8 +95,11 @@ fn data_computed_on_demand_trains_as_the_same_data_held_in_memory() {
     assert_eq!(lazy.test_accuracy, held.test_accuracy);
 }
 
+/// What spoils a buffer of initial parameters.
+type Spoil = fn(Vec<f32>) -> Vec<f32>;
+
 /// SpiralNet with initial parameters that are wrong in one way.
-struct BadInit(example::SpiralNet, fn(Vec<f32>) -> Vec<f32>);
+struct BadInit(example::SpiralNet, Spoil);
 
 impl slowmo_node::model::Learner for BadInit {
     fn layout(&self) -> &[slowmo_node::model::ParamSpec] {
@@ -136,7 +139,7 @@ fn initial_parameters_of_the_wrong_length_or_not_finite_are_refused() {
         .unwrap()
         .resolve()
         .unwrap();
-    let cases: [(fn(Vec<f32>) -> Vec<f32>, &[&str]); 2] = [
+    let cases: [(Spoil, &[&str]); 2] = [
         (
             |mut x| {
                 x.pop();
