@@ -117,33 +117,64 @@ pub fn evaluate_in_batches<L: Learner + ?Sized>(
     sample_len: usize,
     batch: usize,
 ) -> Result<Evaluation, ModelError> {
-    if sample_len != learner.sample_len() || split.sample_len() != sample_len {
-        return Err(ModelError::Length {
-            what: "samples of the split",
-            expected: learner.sample_len(),
-            got: sample_len,
-        });
-    }
+    check_split(learner.sample_len(), split, sample_len, batch)?;
+    let labels = split.labels();
+    over_batches(split, &labels, sample_len, batch, |inputs, chunk| {
+        learner.evaluate_batch(params, inputs, chunk)
+    })
+}
+
+/// What every evaluation checks first: the split holds samples, they (and
+/// the length the caller says they have) are the `reads` values a learner
+/// reads, and a batch holds at least one.
+pub(super) fn check_split(
+    reads: usize,
+    split: &dyn Samples,
+    sample_len: usize,
+    batch: usize,
+) -> Result<(), ModelError> {
     if split.is_empty() {
         return Err(ModelError::Empty("the evaluation split"));
+    }
+    for got in [sample_len, split.sample_len()] {
+        if got != reads {
+            return Err(ModelError::Length {
+                what: "samples of the split",
+                expected: reads,
+                got,
+            });
+        }
     }
     if batch == 0 {
         return Err(ModelError::Config(
             "evaluation batch size must be >= 1".into(),
         ));
     }
+    Ok(())
+}
+
+/// Walks `split` (whose labels are `labels`) `batch` samples at a time,
+/// `eval` giving each chunk's loss and hits, and sums them up: the loss
+/// weighted by each chunk's samples, the accuracy over every prediction.
+pub(super) fn over_batches(
+    split: &dyn Samples,
+    labels: &[u32],
+    sample_len: usize,
+    batch: usize,
+    mut eval: impl FnMut(&[f32], &[u32]) -> Result<BatchEval, ModelError>,
+) -> Result<Evaluation, ModelError> {
     let (mut loss_sum, mut correct, mut predictions) = (0.0f64, 0u64, 0u64);
-    let mut inputs = Vec::new();
-    for (k, labels) in split.labels().chunks(batch).enumerate() {
+    let mut inputs = Vec::with_capacity(batch.min(labels.len()) * sample_len);
+    for (k, chunk) in labels.chunks(batch).enumerate() {
         inputs.clear();
-        (k * batch..k * batch + labels.len()).for_each(|i| split.sample_into(i, &mut inputs));
-        let b = learner.evaluate_batch(params, &inputs, labels)?;
-        loss_sum += f64::from(b.mean_loss) * labels.len() as f64;
+        (k * batch..k * batch + chunk.len()).for_each(|i| split.sample_into(i, &mut inputs));
+        let b = eval(&inputs, chunk)?;
+        loss_sum += f64::from(b.mean_loss) * chunk.len() as f64;
         correct += b.correct;
         predictions += b.predictions;
     }
     Ok(Evaluation {
-        loss: (loss_sum / split.len() as f64) as f32,
+        loss: (loss_sum / labels.len() as f64) as f32,
         accuracy: (correct as f64 / predictions.max(1) as f64) as f32,
     })
 }

@@ -432,17 +432,9 @@ impl Model {
         batch: usize,
     ) -> Result<Evaluation, ModelError> {
         Self::check_len("the parameter buffer", self.num_params, params.len())?;
-        Self::check_len("samples of the split", self.sample_len, sample_len)?;
-        if split.is_empty() {
-            return Err(ModelError::Empty("the evaluation split"));
-        }
-        if batch == 0 {
-            return Err(ModelError::Config(
-                "evaluation batch size must be >= 1".into(),
-            ));
-        }
+        learner::check_split(self.sample_len, split, sample_len, batch)?;
         let all_labels = split.labels();
-        self.check_batch(all_labels.len() * split.sample_len(), &all_labels)?;
+        self.check_batch(all_labels.len() * sample_len, &all_labels)?;
         // the CNN's im2col buffer is 25 * channels floats per pixel per sample
         let batch = match self.kind {
             ModelKind::Cnn => batch.min(MAX_CNN_EVAL_CHUNK),
@@ -452,20 +444,8 @@ impl Model {
             ModelKind::Mlp => batch,
         };
         let tensors = self.constant_params(params)?;
-        let (mut loss_sum, mut correct) = (0.0f64, 0u64);
-        let mut imgs = Vec::with_capacity(batch.min(all_labels.len()) * sample_len);
-        for (k, labels) in all_labels.chunks(batch).enumerate() {
-            imgs.clear();
-            (k * batch..k * batch + labels.len()).for_each(|i| split.sample_into(i, &mut imgs));
-            let b = self.eval_chunk(&tensors, &imgs, labels)?;
-            loss_sum += f64::from(b.mean_loss) * labels.len() as f64;
-            correct += b.correct;
-        }
-        let n = split.len() as f64;
-        let targets = n * self.targets_per_sample() as f64;
-        Ok(Evaluation {
-            loss: (loss_sum / n) as f32,
-            accuracy: (correct as f64 / targets) as f32,
+        learner::over_batches(split, &all_labels, sample_len, batch, |inputs, labels| {
+            self.eval_chunk(&tensors, inputs, labels)
         })
     }
 
