@@ -22,7 +22,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use candle_core::{D, DType, Device, Tensor};
 use clap::Parser;
 use slowmo_node::commands::node::{NodeArgs, run_with};
@@ -209,10 +209,16 @@ pub fn settings(steps: u64) -> String {
     format!("workers = 2\nsteps = {steps}\nlr = 0.05\nbatch_size = 32\neval_every = 0\n")
 }
 
-fn free_udp_port() -> Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// `n` distinct free UDP ports on loopback (all held until every one is
+/// chosen, so no two are the same).
+fn free_udp_ports(n: usize) -> Result<Vec<u16>> {
+    let held = (0..n)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok(held
+        .iter()
+        .map(|s| s.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<_>>()?)
 }
 
 #[derive(Parser)]
@@ -236,7 +242,7 @@ pub fn run(steps: u64, dir: &Path) -> Result<f32> {
         summary.test_accuracy
     );
 
-    let ports = [free_udp_port()?, free_udp_port()?];
+    let ports = free_udp_ports(2)?;
     let addr = |p: u16| format!("/ip4/127.0.0.1/udp/{p}/quic-v1");
     let peers: Vec<_> = (0..2)
         .map(|i| {
@@ -261,14 +267,18 @@ pub fn run(steps: u64, dir: &Path) -> Result<f32> {
         })
         .collect::<Result<_>>()?;
     let layout = SpiralNet::new(&Device::Cpu).layout;
+    // every peer's outcome, all errors together: one peer's own error is
+    // the cause of the other's join timeout
     let mut files = Vec::new();
+    let mut errors = Vec::new();
     for (i, (handle, path)) in peers.into_iter().enumerate() {
         match handle.join() {
-            Ok(r) => r.with_context(|| format!("peer {i}"))?,
-            Err(_) => bail!("peer {i} panicked"),
+            Ok(Ok(())) => files.push(load_params_file(&layout, &path)?),
+            Ok(Err(e)) => errors.push(format!("peer {i}: {e:#}")),
+            Err(_) => errors.push(format!("peer {i} panicked")),
         }
-        files.push(load_params_file(&layout, &path)?);
     }
+    ensure!(errors.is_empty(), "{}", errors.join("; "));
     ensure!(
         files[0] == files[1],
         "the two peers ended with different parameters"

@@ -93,8 +93,12 @@ fn streamable(_: &std::fs::FileType) -> bool {
 
 /// Creates and removes a probe file in `dir`: the one test of "new files
 /// can be made here" that also holds for root, read-only mounts and /proc.
+/// Its name is unique to the process and the call, so nodes probing one
+/// folder at once (processes, or threads of one program) never collide.
 fn probe(flag: &str, path: &Path, dir: &Path) -> Result<(), OutputError> {
-    let name = format!(".slowmo-probe-{}", std::process::id());
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!(".slowmo-probe-{}-{n}", std::process::id());
     let file = dir.join(name);
     match std::fs::OpenOptions::new()
         .write(true)
