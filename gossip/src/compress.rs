@@ -21,7 +21,7 @@
 //! |---|---|---|
 //! | `bf16` | `n` bfloat16 (round to nearest even) | `2n` |
 //! | `int8` | per block of [`INT8_BLOCK`] values: an `f32` scale, then the block's `i8`s | `n + 4 ceil(n / 256)` |
-//! | `topk:F` | `k = ceil(F n)` strictly increasing `u32` indices, then their `k` `f32` values | `8k` |
+//! | `topk:F` | the `k = ceil(F n)` largest magnitudes: per block of [`TOPK_BLOCK`] values a `u16` count of kept values, then each kept value's `u16` offset in its block (increasing within the block), then the `k` values as bfloat16 | `4k + 2 ceil(n / 4096)` |
 
 pub use slowmo_runspec::Compression;
 
@@ -30,6 +30,10 @@ pub use average::compressed_average;
 
 /// Values per int8 block (one `f32` scale each).
 pub const INT8_BLOCK: usize = 256;
+
+/// Values per top-k index block: a kept value's index is its block's
+/// `u16` count position plus a `u16` offset, so an index costs 2 bytes.
+pub const TOPK_BLOCK: usize = 4096;
 
 /// Why a compressed share does not fit the run: the field and what was
 /// wrong with it.
@@ -60,7 +64,7 @@ pub fn encoded_bytes(codec: Compression, n: usize) -> usize {
         Compression::None => 4 * n,
         Compression::Bf16 => 2 * n,
         Compression::Int8 => n + 4 * n.div_ceil(INT8_BLOCK),
-        Compression::TopK(f) => 8 * top_k(f, n),
+        Compression::TopK(f) => 4 * top_k(f, n) + 2 * n.div_ceil(TOPK_BLOCK),
     }
 }
 
@@ -149,13 +153,21 @@ pub fn encode_share(
             }
             let kept = &mut order[..k];
             kept.sort_unstable();
-            for i in kept.iter() {
-                buf.extend_from_slice(&i.to_le_bytes());
+            let mut counts = vec![0u16; x.len().div_ceil(TOPK_BLOCK)];
+            for &i in kept.iter() {
+                counts[i as usize / TOPK_BLOCK] += 1;
+            }
+            for c in &counts {
+                buf.extend_from_slice(&c.to_le_bytes());
             }
             for &i in kept.iter() {
-                let d = share[i as usize];
-                buf.extend_from_slice(&d.to_le_bytes());
-                x[i as usize] -= out * d;
+                let offset = (i as usize % TOPK_BLOCK) as u16;
+                buf.extend_from_slice(&offset.to_le_bytes());
+            }
+            for &i in kept.iter() {
+                let b = to_bf16(share[i as usize]);
+                buf.extend_from_slice(&b.to_le_bytes());
+                x[i as usize] -= out * from_bf16(b);
             }
         }
     }
@@ -208,25 +220,51 @@ pub fn check(codec: Compression, bytes: &[u8], n: usize) -> Result<(), CodecErro
                 at += 4 + INT8_BLOCK.min(n - block * INT8_BLOCK);
             }
         }
-        Compression::TopK(_) => {
-            let k = bytes.len() / 8;
-            let (indices, values) = bytes.split_at(4 * k);
-            let mut last = None;
-            for (j, b) in indices.chunks_exact(4).enumerate() {
-                let i = u32::from_le_bytes(b.try_into().expect("4 bytes"));
-                if i as usize >= n || last.is_some_and(|l| i <= l) {
+        Compression::TopK(f) => {
+            let k = top_k(f, n);
+            let blocks = n.div_ceil(TOPK_BLOCK);
+            let (counts, rest) = bytes.split_at(2 * blocks);
+            let (offsets, values) = rest.split_at(2 * k);
+            let mut offsets = offsets.chunks_exact(2);
+            let mut seen = 0usize;
+            for (block, c) in counts.chunks_exact(2).enumerate() {
+                let count = usize::from(u16::from_le_bytes([c[0], c[1]]));
+                let len = TOPK_BLOCK.min(n - block * TOPK_BLOCK);
+                if count > len || seen + count > k {
                     return Err(err(
                         "index",
                         format!(
-                            "{j} is {i}; indices must increase and stay below {n} (previous {})",
-                            last.map_or("none".into(), |l: u32| l.to_string())
+                            "count of block {block} is {count}, with {seen} before it; a block \
+                             holds at most {len} and the share {k}"
                         ),
                     ));
                 }
-                last = Some(i);
+                let mut last = None;
+                for j in seen..seen + count {
+                    let o = offsets.next().expect("the length was checked");
+                    let o = usize::from(u16::from_le_bytes([o[0], o[1]]));
+                    if o >= len || last.is_some_and(|l| o <= l) {
+                        return Err(err(
+                            "index",
+                            format!(
+                                "{j} (offset {o} in block {block}) must increase within its \
+                                 block and stay below {len} (previous {})",
+                                last.map_or("none".into(), |l: usize| l.to_string())
+                            ),
+                        ));
+                    }
+                    last = Some(o);
+                }
+                seen += count;
             }
-            for (j, b) in values.chunks_exact(4).enumerate() {
-                let v = f32::from_le_bytes(b.try_into().expect("4 bytes"));
+            if seen != k {
+                return Err(err(
+                    "index",
+                    format!("the block counts add up to {seen}, the share keeps {k}"),
+                ));
+            }
+            for (j, b) in values.chunks_exact(2).enumerate() {
+                let v = from_bf16(u16::from_le_bytes([b[0], b[1]]));
                 if !v.is_finite() {
                     return Err(err("value", format!("{j} is {v}")));
                 }
@@ -261,12 +299,20 @@ pub fn add_decoded(codec: Compression, bytes: &[u8], x: &mut [f32]) {
             }
         }
         Compression::TopK(_) => {
-            let k = bytes.len() / 8;
-            let (indices, values) = bytes.split_at(4 * k);
-            for (i, v) in indices.chunks_exact(4).zip(values.chunks_exact(4)) {
-                let i = u32::from_le_bytes(i.try_into().expect("4 bytes")) as usize;
-                if let Some(d) = x.get_mut(i) {
-                    *d += f32::from_le_bytes(v.try_into().expect("4 bytes"));
+            let blocks = x.len().div_ceil(TOPK_BLOCK);
+            let Some((counts, rest)) = bytes.split_at_checked(2 * blocks) else {
+                return;
+            };
+            let k = rest.len() / 4;
+            let (offsets, values) = rest.split_at(2 * k);
+            let mut entries = offsets.chunks_exact(2).zip(values.chunks_exact(2));
+            for (block, c) in counts.chunks_exact(2).enumerate() {
+                let count = usize::from(u16::from_le_bytes([c[0], c[1]]));
+                for (o, v) in entries.by_ref().take(count) {
+                    let i = block * TOPK_BLOCK + usize::from(u16::from_le_bytes([o[0], o[1]]));
+                    if let Some(d) = x.get_mut(i) {
+                        *d += from_bf16(u16::from_le_bytes([v[0], v[1]]));
+                    }
                 }
             }
         }
@@ -409,9 +455,11 @@ mod tests {
             .map(|i| x[i].abs())
             .fold(0f32, f32::max);
         assert!(smallest_sent >= largest_kept);
+        // A kept value travels as bfloat16; the sender keeps the rounding.
         for i in sent {
-            assert_eq!(d[i], 0.5 * x[i]);
-            assert_eq!(kept[i], x[i] - 0.5 * x[i]);
+            let b = from_bf16(to_bf16(0.5 * x[i]));
+            assert_eq!(d[i], b);
+            assert_eq!(kept[i], x[i] - b);
         }
     }
 
@@ -422,7 +470,7 @@ mod tests {
         let int8 = (4 * n) as f64 / encoded_bytes(Compression::Int8, n) as f64;
         assert!(int8 > 3.9, "{int8}");
         let topk = (4 * n) as f64 / encoded_bytes(Compression::TopK(0.01), n) as f64;
-        assert!(topk > 49.0, "{topk}");
+        assert!(topk > 95.0, "{topk}");
         assert_eq!(top_k(1e-9, 5), 1);
         assert_eq!(top_k(1.0, 5), 5);
         assert_eq!(top_k(0.5, 0), 0);
@@ -439,9 +487,12 @@ mod tests {
         let ea = encode_share(Compression::TopK(0.05), &mut a, 0.5, 1, Vec::new());
         let eb = encode_share(Compression::TopK(0.05), &mut b, 0.5, 1, Vec::new());
         assert_eq!(ea, eb);
-        // Ties go to the lowest indices.
-        assert_eq!(&ea[..4], &0u32.to_le_bytes());
-        assert_eq!(&ea[16..20], &4u32.to_le_bytes());
+        // Ties go to the lowest indices: one block of k = 6 (0.05 as f64 is
+        // a little over 0.05), offsets 0 to 5.
+        assert_eq!(top_k(0.05, 100), 6);
+        assert_eq!(&ea[..2], &6u16.to_le_bytes());
+        assert_eq!(&ea[2..4], &0u16.to_le_bytes());
+        assert_eq!(&ea[10..12], &4u16.to_le_bytes());
     }
 
     #[test]
@@ -467,19 +518,43 @@ mod tests {
             check(Compression::Int8, &bytes, n).unwrap_err().field,
             "scale"
         );
+        // Top-k over three index blocks: counts, offsets, values.
         let topk = Compression::TopK(0.3);
+        let n = 2 * TOPK_BLOCK + 600;
+        let x = values(n, 1);
+        let enc = |codec| encode_share(codec, &mut x.clone(), 0.5, 1, Vec::new());
+        let k = top_k(0.3, n);
+        let (offsets, vals) = (6, 6 + 2 * k);
+        check(topk, &enc(topk), n).unwrap();
         let mut bytes = enc(topk);
-        bytes[4..8].copy_from_slice(&(n as u32).to_le_bytes());
+        bytes[offsets + 2..offsets + 4].copy_from_slice(&(TOPK_BLOCK as u16).to_le_bytes());
+        let e = check(topk, &bytes, n).unwrap_err();
+        assert_eq!(e.field, "index", "{e}");
+        let mut bytes = enc(topk);
+        let first: [u8; 2] = bytes[offsets..offsets + 2].try_into().unwrap();
+        bytes[offsets + 2..offsets + 4].copy_from_slice(&first);
         assert_eq!(check(topk, &bytes, n).unwrap_err().field, "index");
+        // The last block holds 600 values: an offset of 600 is past it.
         let mut bytes = enc(topk);
-        let first: [u8; 4] = bytes[..4].try_into().unwrap();
-        bytes[4..8].copy_from_slice(&first);
-        assert_eq!(check(topk, &bytes, n).unwrap_err().field, "index");
+        bytes[vals - 2..vals].copy_from_slice(&600u16.to_le_bytes());
+        let e = check(topk, &bytes, n).unwrap_err();
+        assert!(e.to_string().contains("block 2"), "{e}");
+        // Counts that do not add up to k, or overfill a block.
         let mut bytes = enc(topk);
-        let k = bytes.len() / 8;
-        bytes[4 * k..4 * k + 4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+        let c = u16::from_le_bytes([bytes[4], bytes[5]]);
+        bytes[4..6].copy_from_slice(&(c - 1).to_le_bytes());
+        let e = check(topk, &bytes, n).unwrap_err();
+        assert!(e.to_string().contains("add up to"), "{e}");
+        let mut bytes = enc(topk);
+        bytes[4..6].copy_from_slice(&601u16.to_le_bytes());
+        let e = check(topk, &bytes, n).unwrap_err();
+        assert!(e.to_string().contains("count of block 2"), "{e}");
+        let mut bytes = enc(topk);
+        bytes[vals..vals + 2].copy_from_slice(&0x7f80u16.to_le_bytes());
         let e = check(topk, &bytes, n).unwrap_err();
         assert_eq!(e.field, "value");
+        let n = 600;
+        let enc = |codec| encode_share(codec, &mut values(n, 1), 0.5, 1, Vec::new());
         let mut bytes = enc(Compression::Bf16);
         bytes[2..4].copy_from_slice(&0x7f80u16.to_le_bytes());
         assert_eq!(

@@ -137,9 +137,9 @@ pub struct TrainOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub background_gossip: Option<bool>,
     /// Push-sum share encoding on the wire: none, bf16, int8 (block-scaled,
-    /// 3.9x fewer bytes) or topk:F (the fraction F of largest values). The
-    /// weight travels exactly and the sender keeps the compression error
-    /// [default: none].
+    /// 3.9x fewer bytes) or topk:F (the fraction F of largest values, as
+    /// bfloat16 with 2-byte indices). The weight travels exactly and the
+    /// sender keeps the compression error [default: none].
     #[arg(long)]
     #[serde(
         default,

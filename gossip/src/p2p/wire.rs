@@ -16,8 +16,9 @@ use crate::compress::{CodecError, Compression, encoded_bytes};
 /// change. The join handshake compares it, so nodes of different versions
 /// never form a run. 2: [`Kind::Gather`] frames of [`DType::U64`]. 3: the
 /// admission knock before membership hellos. 4: compressed push-sum shares
-/// ([`DType::Bf16`], [`DType::Int8`], [`DType::TopK`]).
-pub const WIRE_VERSION: u16 = 4;
+/// ([`DType::Bf16`], [`DType::Int8`], [`DType::TopK`]). 5: top-k shares
+/// with block-relative `u16` indices and bfloat16 values.
+pub const WIRE_VERSION: u16 = 5;
 /// Push-sum shares.
 pub const PUSH_SUM_PROTOCOL: &str = "/slowmo/push-sum/1";
 /// Ring all-reduce chunks (also the barrier).

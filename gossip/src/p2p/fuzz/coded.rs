@@ -2,7 +2,8 @@
 //! codec must check in full before anything is added.
 //!
 //! An input is one byte choosing the codec (bf16, int8, topk:0.25), two
-//! bytes of share length (1 to 600 values), then the payload.
+//! bytes of share length (1 to 9000 values: three top-k index blocks), then
+//! the payload.
 
 use super::ctx::Outcome;
 use super::rng::Rng;
@@ -13,7 +14,7 @@ const CODECS: [Compression; 3] = [
     Compression::Int8,
     Compression::TopK(0.25),
 ];
-const MAX_VALUES: usize = 600;
+const MAX_VALUES: usize = 9000;
 
 fn layout(data: &[u8]) -> Option<(Compression, usize, &[u8])> {
     let (&c, rest) = data.split_first()?;
@@ -65,7 +66,8 @@ pub(super) fn generate(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
         let bad = rng.pick(&[f32::NAN, f32::INFINITY, -1.0, f32::MAX]);
         bytes[at..at + 4].copy_from_slice(&bad.to_le_bytes());
         if CODECS[c] == Compression::TopK(0.25) && rng.chance(50) {
-            bytes[3..7].copy_from_slice(&(n as u32).to_le_bytes());
+            // the first block's count: more than the block or the share holds
+            bytes[3..5].copy_from_slice(&(n as u16).to_le_bytes());
         }
     }
     (bytes, 1)
