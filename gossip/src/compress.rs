@@ -87,6 +87,18 @@ fn from_bf16(b: u16) -> f32 {
     f32::from_bits(u32::from(b) << 16)
 }
 
+/// `v` rounded half away from zero, as [`f32::round`], for `|v| < 2^23`
+/// (an int8 code's range and far beyond): the truncation and the fraction
+/// `v - trunc(v)` are exact there. Without SSE4.1 `f32::round` is a call
+/// into libm for every value; this stays in registers.
+#[inline]
+fn round_half_away(v: f32) -> f32 {
+    let t = v as i32 as f32;
+    let frac = v - t;
+    // The sign of a result that rounds to zero is `v`'s, as in `round`.
+    (t + f32::from(u8::from(frac >= 0.5)) - f32::from(u8::from(frac <= -0.5))).copysign(v)
+}
+
 /// The value an int8 code stands for: the one expression both ends use.
 #[inline]
 fn int8_value(q: i8, scale: f32) -> f32 {
@@ -127,14 +139,16 @@ pub fn encode_share(
                 }
                 let scale = max / 127.0;
                 buf.extend_from_slice(&scale.to_le_bytes());
-                for (s, v) in s.iter().zip(block.iter_mut()) {
-                    let q = if scale > 0.0 {
-                        (*s / scale).round().clamp(-127.0, 127.0) as i8
-                    } else {
-                        0
-                    };
-                    buf.push(q as u8);
-                    *v -= out * int8_value(q, scale);
+                let at = buf.len();
+                buf.resize(at + block.len(), 0);
+                // An all-zero block keeps its zero codes, and `x` is unchanged
+                // (`v - out * 0` is `v`); otherwise one branch-free pass.
+                if scale > 0.0 {
+                    for ((s, v), c) in s.iter().zip(block.iter_mut()).zip(&mut buf[at..]) {
+                        let q = round_half_away(*s / scale).clamp(-127.0, 127.0) as i8;
+                        *c = q as u8;
+                        *v -= out * int8_value(q, scale);
+                    }
                 }
             }
         }
@@ -474,6 +488,24 @@ mod tests {
         assert_eq!(top_k(1e-9, 5), 1);
         assert_eq!(top_k(1.0, 5), 5);
         assert_eq!(top_k(0.5, 0), 0);
+    }
+
+    #[test]
+    fn int8_rounding_is_f32_round() {
+        let mut cases = vec![
+            0.0f32, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, 126.5, -126.5, 127.0, 127.49, -127.51,
+        ];
+        for v in [0.5f32, 1.5, 2.5, 63.5, 126.5] {
+            cases.extend([v.next_down(), v.next_up(), -v.next_down(), -v.next_up()]);
+        }
+        let mut h = 12_345u32;
+        for _ in 0..100_000 {
+            h = h.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            cases.push((h >> 8) as f32 / (1 << 24) as f32 * 300.0 - 150.0);
+        }
+        for v in cases {
+            assert_eq!(round_half_away(v).to_bits(), v.round().to_bits(), "{v}");
+        }
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! sums in rank order: the same bits everywhere. Without compression error
 //! this is `sum x_i / sum w_i`, the exact average.
 
+use std::borrow::Cow;
+
 use super::{Compression, add_decoded, check, encode_share, encoded_bytes};
 use crate::{CommError, Communicator, sum_scalars_in_rank_order};
 
@@ -22,9 +24,10 @@ fn to_words(bytes: &[u8], out: &mut Vec<u64>) {
     }
 }
 
-/// The first `len` bytes of `words`, or why they cannot be a payload of
+/// The first `len` bytes of `words` (their little-endian bytes, borrowed
+/// where memory already holds them so), or why they cannot be a payload of
 /// `len` bytes (the count of words, nonzero padding).
-fn from_words(words: &[u64], len: usize) -> Result<Vec<u8>, String> {
+fn from_words(words: &[u64], len: usize) -> Result<Cow<'_, [u8]>, String> {
     if words.len() != len.div_ceil(8) {
         return Err(format!(
             "{} words where a payload of {len} bytes takes {}",
@@ -32,12 +35,21 @@ fn from_words(words: &[u64], len: usize) -> Result<Vec<u8>, String> {
             len.div_ceil(8)
         ));
     }
-    let mut bytes = crate::le::u64_to_bytes(words);
+    let bytes: Cow<'_, [u8]> = if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(words))
+    } else {
+        Cow::Owned(crate::le::u64_to_bytes(words))
+    };
     if bytes[len..].iter().any(|b| *b != 0) {
         return Err("nonzero padding after the payload".into());
     }
-    bytes.truncate(len);
-    Ok(bytes)
+    Ok(match bytes {
+        Cow::Borrowed(b) => Cow::Borrowed(&b[..len]),
+        Cow::Owned(mut v) => {
+            v.truncate(len);
+            Cow::Owned(v)
+        }
+    })
 }
 
 /// The compressed exact average of `(x, w)` around `anchor` with this
@@ -75,8 +87,9 @@ pub fn compressed_average(
     mine.push(w.to_bits());
     to_words(&bytes, &mut mine);
     let gathered = gather_in_pieces(comm, &mine, n)?;
+    // Every contribution is checked before `x` is touched.
     let mut weights = Vec::with_capacity(gathered.len());
-    let mut sum = vec![0f32; n];
+    let mut payloads = Vec::with_capacity(gathered.len());
     for (rank, words) in gathered.iter().enumerate() {
         let bad = |what: String| {
             CommError::Protocol(format!(
@@ -94,12 +107,18 @@ pub fn compressed_average(
         }
         let payload = from_words(payload, len).map_err(bad)?;
         check(codec, &payload, n).map_err(|e| bad(e.to_string()))?;
-        add_decoded(codec, &payload, &mut sum);
         weights.push(weight);
+        payloads.push(payload);
+    }
+    // The sum in rank order, made in `x` itself (no fresh buffer to fault
+    // in), then `x = anchor - sum / W`.
+    x.fill(0.0);
+    for payload in &payloads {
+        add_decoded(codec, payload, x);
     }
     let inv = (1.0 / sum_scalars_in_rank_order(weights)) as f32;
-    for ((v, a), s) in x.iter_mut().zip(anchor).zip(&sum) {
-        *v = *a - *s * inv;
+    for (v, a) in x.iter_mut().zip(anchor) {
+        *v = *a - *v * inv;
     }
     *w = 1.0;
     Ok(())
@@ -144,7 +163,7 @@ mod tests {
         let mut words = Vec::new();
         to_words(&bytes, &mut words);
         assert_eq!(words.len(), 2);
-        assert_eq!(from_words(&words, 13).unwrap(), bytes);
+        assert_eq!(*from_words(&words, 13).unwrap(), bytes[..]);
         assert!(
             from_words(&words, 12)
                 .unwrap_err()
