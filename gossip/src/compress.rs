@@ -32,7 +32,8 @@ pub use average::compressed_average;
 pub const INT8_BLOCK: usize = 256;
 
 /// Values per top-k index block: a kept value's index is its block's
-/// `u16` count position plus a `u16` offset, so an index costs 2 bytes.
+/// start plus a `u16` offset within the block, so an index costs 2 bytes
+/// (and each block 2 more, for its count of kept values).
 pub const TOPK_BLOCK: usize = 4096;
 
 /// Why a compressed share does not fit the run: the field and what was
