@@ -22,6 +22,8 @@ and beside it, on the same machine and thread count:
     RAYON_NUM_THREADS=1 target/release/slowmo bench step
 
 Prints a Markdown table with the columns of `slowmo bench step`.
+`--device cuda:0` times the step on a GPU (beside `slowmo bench step
+--device cuda:0` from a CUDA build), waiting for the GPU after each step.
 """
 
 import argparse
@@ -91,19 +93,23 @@ class Gpt(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(t))
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for block in self.h:
             x = block(x)
         return self.ln_f(x) @ self.wte.weight.t()
 
 
-def time_steps(model, opt, batch, loss_of, warmup, steps):
+def time_steps(model, opt, batch, loss_of, warmup, steps, device):
     times = []
     for i in range(warmup + steps):
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_of(model, batch).backward()
         opt.step()
+        if device.type == "cuda":
+            # the step has finished on the GPU, as slowmo's has when its
+            # gradient reaches the host
+            torch.cuda.synchronize(device)
         if i >= warmup:
             times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times), min(times)
@@ -120,17 +126,19 @@ def main():
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda:N")
     a = ap.parse_args()
+    device = torch.device(a.device)
     torch.set_num_threads(a.threads)
     torch.manual_seed(7)
-    print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} thread(s)")
-    print("| model | parameters | batch | threads | optimizer | median step | best step |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} thread(s), {device}")
+    print("| model | device | parameters | batch | threads | optimizer | median step | best step |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
         if name == "transformer":
             batch = a.batch or 16
-            model = Gpt(a.layers, a.heads, a.width, a.context)
-            tokens = torch.randint(0, 256, (batch, a.context + 1))
+            model = Gpt(a.layers, a.heads, a.width, a.context).to(device)
+            tokens = torch.randint(0, 256, (batch, a.context + 1), device=device)
             data = (tokens[:, :-1], tokens[:, 1:])
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
             label = "adam"
@@ -140,8 +148,11 @@ def main():
                 return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), d[1].reshape(-1))
         else:
             batch = a.batch or 32
-            model = Mlp() if name == "mlp" else LeNet()
-            data = (torch.rand(batch, 1, 28, 28) * 2 - 1, torch.randint(0, 10, (batch,)))
+            model = (Mlp() if name == "mlp" else LeNet()).to(device)
+            data = (
+                torch.rand(batch, 1, 28, 28, device=device) * 2 - 1,
+                torch.randint(0, 10, (batch,), device=device),
+            )
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             label = "SGD, momentum 0.9"
 
@@ -149,8 +160,8 @@ def main():
                 return F.cross_entropy(m(d[0]), d[1])
 
         params = sum(p.numel() for p in model.parameters())
-        median, best = time_steps(model, opt, data, loss_of, a.warmup, a.steps)
-        print(f"| {name} | {params} | {batch} | {a.threads} | {label} | {median:.2f} ms | {best:.2f} ms |")
+        median, best = time_steps(model, opt, data, loss_of, a.warmup, a.steps, device)
+        print(f"| {name} | {device} | {params} | {batch} | {a.threads} | {label} | {median:.2f} ms | {best:.2f} ms |")
         assert math.isfinite(median)
 
 

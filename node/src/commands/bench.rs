@@ -78,6 +78,14 @@ pub enum BenchCommand {
         /// Timed steps; the median and the fastest are printed.
         #[arg(long, default_value_t = 30)]
         steps: usize,
+        /// Compute device: cpu or cuda:N (a build with the `cuda` feature).
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Also time each phase of the forward and backward pass (batch
+        /// in, parameters in, forward, backward, gradient out), waiting for
+        /// the device after each.
+        #[arg(long)]
+        phases: bool,
         /// Print the figures as JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -174,6 +182,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             context,
             warmup,
             steps,
+            device,
+            phases,
             json,
         } => crate::commands::bench_step::run(
             &models,
@@ -185,6 +195,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 context,
             },
             (warmup, steps),
+            &crate::commands::node::parse_device(&device)?,
+            phases,
             json,
         ),
         BenchCommand::Transport {

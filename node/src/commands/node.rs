@@ -145,7 +145,9 @@ pub fn parse_device(spec: &str) -> anyhow::Result<candle_core::Device> {
              `cargo build --release -p slowmo-node --features cuda` on a machine with the CUDA toolkit"
         );
     }
-    Ok(candle_core::Device::new_cuda(index)?)
+    candle_core::Device::new_cuda(index).with_context(|| {
+        format!("--device {spec}: GPU {index} could not be opened (is there a GPU {index}, and the CUDA driver?)")
+    })
 }
 
 /// SHA-256 of the initial parameters, checked when peers join.

@@ -237,11 +237,28 @@ impl Learner for Model {
 pub struct FlatParams {
     vars: Vec<Var>,
     ranges: Vec<std::ops::Range<usize>>,
+    /// The parameters came in, and the gradient goes out, as one transfer.
+    staged: bool,
 }
 
 impl FlatParams {
     /// The tensors of `params` laid out by `layout`, on `device`.
+    ///
+    /// On the CPU each tensor is its own copy of its slice. On a GPU the
+    /// buffer crosses to the device in one copy and each tensor is then
+    /// copied out of it there: one transfer a step instead of one per
+    /// tensor (and [`FlatParams::grads_into`] likewise brings the gradient
+    /// back in one).
     pub fn new(layout: &[ParamSpec], params: &[f32], device: &Device) -> Result<Self, ModelError> {
+        Self::build(layout, params, device, !device.is_cpu())
+    }
+
+    pub(super) fn build(
+        layout: &[ParamSpec],
+        params: &[f32],
+        device: &Device,
+        staged: bool,
+    ) -> Result<Self, ModelError> {
         let total: usize = layout.iter().map(ParamSpec::numel).sum();
         if params.len() != total {
             return Err(ModelError::Length {
@@ -250,13 +267,28 @@ impl FlatParams {
                 got: params.len(),
             });
         }
-        let vars = layout
-            .iter()
-            .map(|s| Var::from_slice(&params[s.range()], s.shape.as_slice(), device))
-            .collect::<Result<Vec<_>, _>>()?;
+        let vars = if staged {
+            let flat = Tensor::from_slice(params, total, device)?;
+            layout
+                .iter()
+                .map(|s| {
+                    Var::from_tensor(
+                        &flat
+                            .narrow(0, s.offset, s.numel())?
+                            .reshape(s.shape.as_slice())?,
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            layout
+                .iter()
+                .map(|s| Var::from_slice(&params[s.range()], s.shape.as_slice(), device))
+                .collect::<Result<Vec<_>, _>>()?
+        };
         Ok(Self {
             vars,
             ranges: layout.iter().map(ParamSpec::range).collect(),
+            staged,
         })
     }
 
@@ -284,6 +316,18 @@ impl FlatParams {
                 expected: total,
                 got: out.len(),
             });
+        }
+        if self.staged {
+            // every gradient joined on the device, then one copy to the host
+            let parts = self
+                .vars
+                .iter()
+                .map(|var| match grads.get(var.as_tensor()) {
+                    Some(g) => g.flatten_all(),
+                    None => var.as_tensor().zeros_like()?.flatten_all(),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            return copy_out(Some(&Tensor::cat(&parts, 0)?), out);
         }
         for (var, range) in self.vars.iter().zip(&self.ranges) {
             copy_out(grads.get(var.as_tensor()), &mut out[range.clone()])?;

@@ -134,6 +134,59 @@ fn both_parameter_strategies_give_the_same_gradient() {
     }
 }
 
+/// The one-transfer path a GPU takes (the whole buffer in, every gradient
+/// out joined) gives the same bits as one copy per tensor; forced here on
+/// the CPU. A tensor the loss does not reach gets zeros either way.
+#[test]
+fn one_transfer_and_per_tensor_copies_give_the_same_bits() {
+    for model in [tiny_mlp(), tiny_cnn()] {
+        let params = model.init_params(5);
+        let (images, labels) = batch(&model, 4, 6);
+        let (x, y) = model.inputs(&images, &labels).unwrap();
+        let mut grads = Vec::new();
+        for staged in [false, true] {
+            let p = FlatParams::build(&model.layout, &params, &cpu(), staged).unwrap();
+            for (t, s) in p.tensors().iter().zip(&model.layout) {
+                assert_eq!(t.dims(), s.shape.as_slice());
+                let values = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(values, params[s.range()]);
+            }
+            let loss =
+                candle_nn::loss::cross_entropy(&model.arch.forward(&p.tensors(), &x).unwrap(), &y)
+                    .unwrap();
+            let mut g = vec![f32::NAN; params.len()];
+            p.grads_into(&loss.backward().unwrap(), &mut g).unwrap();
+            grads.push(g);
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&grads[0]), bits(&grads[1]));
+        assert!(grads[1].iter().any(|&g| g != 0.0));
+    }
+    // a tensor the loss does not depend on
+    let layout = [
+        ParamSpec {
+            name: "a".into(),
+            shape: vec![2],
+            offset: 0,
+        },
+        ParamSpec {
+            name: "b".into(),
+            shape: vec![3],
+            offset: 2,
+        },
+    ];
+    for staged in [false, true] {
+        let p = FlatParams::build(&layout, &[1.0, 2.0, 3.0, 4.0, 5.0], &cpu(), staged).unwrap();
+        let loss = p.get(0).sqr().unwrap().sum_all().unwrap();
+        let mut g = vec![f32::NAN; 5];
+        p.grads_into(&loss.backward().unwrap(), &mut g).unwrap();
+        assert_eq!(g, [2.0, 4.0, 0.0, 0.0, 0.0], "staged {staged}");
+        let mut short = vec![0.0; 4];
+        assert!(p.grads_into(&loss.backward().unwrap(), &mut short).is_err());
+    }
+    assert!(FlatParams::build(&layout, &[1.0; 4], &cpu(), true).is_err());
+}
+
 #[test]
 fn sgd_on_a_fixed_batch_reduces_the_loss() {
     for (mut model, lr, steps) in [(tiny_mlp(), 0.5, 30), (tiny_cnn(), 0.2, 40)] {
