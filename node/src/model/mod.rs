@@ -647,9 +647,9 @@ fn copy_out(grad: Option<&Tensor>, out: &mut [f32]) -> Result<(), ModelError> {
             return Ok(());
         }
         // On a GPU, straight into `out` (which the caller reuses step after
-        // step) rather than into a fresh vector and then `out`: for 25M
-        // parameters the fresh pages and the second copy took 180 ms a
-        // step on an H200 host, the copy itself about 20.
+        // step) rather than into a fresh vector and then `out`: for 25.5M
+        // parameters on an H200 machine the gradient's way out took 181 ms
+        // that way and 7.6 ms this way.
         #[cfg(feature = "cuda")]
         if let (Storage::Cuda(cuda), Some((start, end))) = (&*storage, layout.contiguous_offsets())
         {
