@@ -72,6 +72,43 @@ pub fn sum_f64_in_rank_order(all: &[Vec<u64>], out: &mut [f64]) -> Result<(), Co
     Ok(())
 }
 
+/// Rank `me`'s part of an exchange gathered in full: `all[r]` is rank r's
+/// `m` block lengths, then its blocks end to end; the result holds, in rank
+/// order, the block each rank addressed to `me`. A contribution whose
+/// lengths do not add up is an error naming its rank.
+pub fn pick_exchanged(all: &[Vec<u64>], me: Rank, m: usize) -> Result<Vec<Vec<u64>>, CommError> {
+    if all.len() != m {
+        return Err(CommError::Protocol(format!(
+            "exchange: {} contributions in a view of {m}",
+            all.len()
+        )));
+    }
+    all.iter()
+        .enumerate()
+        .map(|(rank, words)| {
+            let bad = |what: &str| {
+                CommError::Protocol(format!("exchange: rank {rank}'s contribution {what}"))
+            };
+            let lengths = words
+                .get(..m)
+                .ok_or_else(|| bad("is shorter than its table of lengths"))?;
+            let mut start = m;
+            for (to, len) in lengths.iter().enumerate() {
+                let len = usize::try_from(*len).map_err(|_| bad("names a length beyond memory"))?;
+                let end = start
+                    .checked_add(len)
+                    .filter(|end| *end <= words.len())
+                    .ok_or_else(|| bad("has blocks longer than its words"))?;
+                if to == me {
+                    return Ok(words[start..end].to_vec());
+                }
+                start = end;
+            }
+            Err(bad("has no block for this rank"))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +151,42 @@ mod tests {
         let nan = vec![vec![1.0f64.to_bits()], vec![f64::NAN.to_bits()]];
         let err = sum_f64_in_rank_order(&nan, &mut out).unwrap_err();
         assert!(err.to_string().contains("rank 1"), "{err}");
+    }
+
+    #[test]
+    fn an_exchange_gathered_in_full_gives_each_rank_its_blocks() {
+        // Rank r sends [10 r + j; j + 1] to rank j.
+        let m = 3;
+        let all: Vec<Vec<u64>> = (0..m as u64)
+            .map(|r| {
+                let blocks: Vec<Vec<u64>> = (0..m as u64)
+                    .map(|j| vec![10 * r + j; j as usize + 1])
+                    .collect();
+                let mut words: Vec<u64> = blocks.iter().map(|b| b.len() as u64).collect();
+                blocks.iter().for_each(|b| words.extend(b));
+                words
+            })
+            .collect();
+        for me in 0..m {
+            let got = pick_exchanged(&all, me, m).unwrap();
+            let want: Vec<Vec<u64>> = (0..m as u64)
+                .map(|r| vec![10 * r + me as u64; me + 1])
+                .collect();
+            assert_eq!(got, want);
+        }
+        let mut short = all.clone();
+        short[1].pop();
+        let err = pick_exchanged(&short, 2, m).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("rank 1's contribution has blocks longer"),
+            "{err}"
+        );
+        let err = pick_exchanged(&all[..2], 0, m).unwrap_err();
+        assert!(
+            err.to_string().contains("2 contributions in a view of 3"),
+            "{err}"
+        );
     }
 
     #[test]

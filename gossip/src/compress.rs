@@ -25,7 +25,7 @@
 
 pub use slowmo_runspec::Compression;
 
-mod average;
+pub(crate) mod average;
 pub use average::compressed_average;
 
 /// Values per int8 block (one `f32` scale each).

@@ -321,6 +321,28 @@ pub trait Communicator: Send {
     /// Every rank's `values`, exactly, in rank order (a collective). The
     /// lengths may differ: the typed collectives below check them.
     fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<Vec<u64>>, CommError>;
+    /// All-to-all (a collective): `blocks[j]` goes to rank `j` (one block
+    /// per rank, this rank's own included); returns what every rank sent
+    /// this one, in rank order, exactly. Lengths may differ; the caller
+    /// checks them. The default moves every block to every rank over
+    /// [`Communicator::all_gather_u64`] (correct, `m` times the bytes);
+    /// the transports send each block only to its rank.
+    fn exchange_u64(&mut self, blocks: &[Vec<u64>]) -> Result<Vec<Vec<u64>>, CommError> {
+        let m = self.world_size();
+        if blocks.len() != m {
+            return Err(CommError::Misuse(format!(
+                "exchange of {} blocks in a view of {m}",
+                blocks.len()
+            )));
+        }
+        // The lengths first, then the blocks end to end.
+        let mut mine: Vec<u64> = blocks.iter().map(|b| b.len() as u64).collect();
+        for b in blocks {
+            mine.extend_from_slice(b);
+        }
+        let all = self.all_gather_u64(&mine)?;
+        collectives::pick_exchanged(&all, self.rank(), m)
+    }
     /// Combines `values` over all ranks with `op`; every rank gets the
     /// result. A sum beyond `u64::MAX`, or ranks with different lengths, is
     /// an error on every rank.

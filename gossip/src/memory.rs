@@ -60,6 +60,8 @@ enum Contribution {
     Floats(Vec<f32>, f64),
     /// All-gather of exact words.
     Words(Vec<u64>),
+    /// Exchange: the block for each rank.
+    Blocks(Vec<Vec<u64>>),
     /// All-reduce over the ring: the buffer's length, checked first.
     RingLength(usize),
 }
@@ -566,6 +568,50 @@ impl Communicator for MemoryComm {
         self.stats.bytes_sent += others;
         self.stats.bytes_received += others;
         Ok(words)
+    }
+
+    fn exchange_u64(&mut self, blocks: &[Vec<u64>]) -> Result<Vec<Vec<u64>>, CommError> {
+        let m = self.shared.size;
+        if blocks.len() != m {
+            return Err(CommError::Misuse(format!(
+                "exchange of {} blocks in a view of {m}",
+                blocks.len()
+            )));
+        }
+        self.enter_collective();
+        let all = self.gather(Contribution::Blocks(blocks.to_vec()), "exchange")?;
+        let me = self.rank;
+        let mine = all
+            .iter()
+            .enumerate()
+            .map(|(rank, c)| match c {
+                Contribution::Blocks(b) if b.len() == m => Ok(b[me].clone()),
+                _ => Err(out_of_order(rank)),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Each block goes straight to its rank: one hop, as slow as the
+        // largest block.
+        let largest = all
+            .iter()
+            .flat_map(|c| match c {
+                Contribution::Blocks(b) => b.iter().map(|b| 8 * b.len() as u64).max(),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if let Some(sim) = &mut self.sim {
+            sim.leave_exchange(largest);
+        }
+        let words = |b: &[Vec<u64>], skip: usize| -> u64 {
+            b.iter()
+                .enumerate()
+                .filter(|(r, _)| *r != skip)
+                .map(|(_, b)| 8 * b.len() as u64)
+                .sum()
+        };
+        self.stats.bytes_sent += words(blocks, me);
+        self.stats.bytes_received += words(&mine, me);
+        Ok(mine)
     }
 
     fn base_step(&mut self, step: u64) -> Result<(), CommError> {

@@ -105,6 +105,11 @@ fn compressed_shares_never_panic() {
 }
 
 #[test]
+fn compressed_average_words_never_panic() {
+    exercise_all_seeds("sums");
+}
+
+#[test]
 fn data_lane_frames_never_panic() {
     exercise_all_seeds("lane");
 }

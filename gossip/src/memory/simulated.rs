@@ -205,6 +205,12 @@ impl Simulated {
         self.leave_after(m.saturating_sub(1), block as f64);
     }
 
+    /// After an exchange completed whose largest block was `block` bytes:
+    /// one hop, each block over its own link.
+    pub fn leave_exchange(&mut self, block: u64) {
+        self.leave_after(1, block as f64);
+    }
+
     /// Leaves the collective `hops` hops of `chunk` bytes after the last
     /// worker entered it.
     fn leave_after(&mut self, hops: u64, chunk: f64) {

@@ -225,7 +225,7 @@ pub(super) fn chunk_verdict(
     operation: &str,
 ) -> Result<Result<usize, String>, CommError> {
     let ours = expected.iter().any(|e| e.from == from) && h.round == seq;
-    if ours && h.kind == Kind::Gather {
+    if ours && matches!(h.kind, Kind::Gather | Kind::Exchange) {
         return Err(other_collective(operation, seq, from, h.kind));
     }
     let phase = match h.kind {

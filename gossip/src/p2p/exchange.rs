@@ -254,6 +254,18 @@ impl Communicator for P2pComm {
         Ok(gathered.unwrap_or_else(|| vec![values.to_vec()]))
     }
 
+    fn exchange_u64(&mut self, blocks: &[Vec<u64>]) -> Result<Vec<Vec<u64>>, CommError> {
+        let m = self.view.members.len();
+        if blocks.len() != m {
+            return Err(CommError::Misuse(format!(
+                "exchange of {} blocks in a view of {m}",
+                blocks.len()
+            )));
+        }
+        let got = self.on_ring("exchange", |ring| ring.exchange(blocks))?;
+        Ok(got.unwrap_or_else(|| blocks.to_vec()))
+    }
+
     fn change_view(&mut self, last_barrier: u64) -> Result<crate::ViewChange, CommError> {
         self.change_view_p2p(last_barrier)
     }

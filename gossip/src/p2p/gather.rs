@@ -49,6 +49,70 @@ impl Ring<'_> {
         Ok(blocks.into_iter().map(Option::unwrap_or_default).collect())
     }
 
+    /// All-to-all: `blocks[j]` straight to rank `j`; what every rank sent
+    /// us, in rank order (one hop; each rank sends one frame per link, as
+    /// the direct all-reduce does).
+    pub fn exchange(&mut self, blocks: &[Vec<u64>]) -> Result<Vec<Vec<u64>>, CommError> {
+        let (m, me) = (self.view.members.len(), self.rank);
+        let cap = self.shared.cfg.max_message_bytes;
+        if let Some(big) = blocks.iter().find(|b| 8 * b.len() as u64 > cap) {
+            return Err(CommError::Misuse(format!(
+                "{} block of {} words: {} bytes exceed the message cap of {cap} bytes",
+                self.operation,
+                big.len(),
+                8 * big.len()
+            )));
+        }
+        for k in 1..m {
+            let to = (me + k) % m;
+            let payload = u64_to_bytes(&blocks[to]);
+            let sum = checksum(&payload);
+            let header = Header {
+                offset: to as u64,
+                total: m as u64,
+                ..self.header(Kind::Exchange, 0, blocks[to].len() as u64, sum)
+            };
+            self.send_frame(to, header, payload)?;
+        }
+        let mut got: Vec<Option<Vec<u64>>> = vec![None; m];
+        got[me] = Some(blocks[me].clone());
+        let started = Instant::now();
+        while let Some(first) = got.iter().position(Option::is_none) {
+            let msg = self.next_msg(first, started)?;
+            let (h, from) = (&msg.header, msg.from);
+            let waited = got.get(from).is_some_and(Option::is_none);
+            let verdict = if h.round == self.seq && h.kind != Kind::Exchange && waited {
+                return Err(self.other_collective(from, h.kind));
+            } else if h.kind != Kind::Exchange || h.round != self.seq {
+                Some(format!(
+                    "{:?} frame of collective {}, expected an exchange block of {}",
+                    h.kind, h.round, self.seq
+                ))
+            } else if !waited {
+                Some(format!("a second exchange block from rank {from}"))
+            } else if h.offset != me as u64 || h.step != 0 {
+                Some(format!(
+                    "exchange block for rank {} at step {}, expected one for rank {me} at 0",
+                    h.offset, h.step
+                ))
+            } else {
+                None
+            };
+            match verdict {
+                None => got[from] = Some(bytes_to_u64(&msg.payload)),
+                Some(reason) => {
+                    let peer = self.view.members[from];
+                    self.shared.reject(
+                        &peer,
+                        ALL_REDUCE_PROTOCOL,
+                        &Reject::MalformedHeader(reason),
+                    );
+                }
+            }
+        }
+        Ok(got.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
     /// Waits for the block of rank `origin` at ring step `step` from the
     /// left neighbour; frames that do not fit are dropped and counted, and
     /// one of another collective at our sequence number is an error.

@@ -240,7 +240,7 @@ pub(crate) fn check_header(
     let push = protocol == PUSH_SUM_PROTOCOL;
     let kind_fits = match h.kind {
         Kind::PushSum => push,
-        Kind::ReduceScatter | Kind::AllGather | Kind::Gather => !push,
+        Kind::ReduceScatter | Kind::AllGather | Kind::Gather | Kind::Exchange => !push,
     };
     if !kind_fits {
         return Err(Reject::WrongKind {
@@ -272,10 +272,18 @@ pub(crate) fn check_header(
         });
     }
     let members = view.members.len() as u64;
-    if h.kind == Kind::Gather && (h.offset >= members || h.total != members) {
+    if matches!(h.kind, Kind::Gather | Kind::Exchange)
+        && (h.offset >= members || h.total != members)
+    {
         return Err(Reject::MalformedHeader(format!(
-            "gather block of rank {} in a view of {} ranks (ours has {members})",
-            h.offset, h.total
+            "{} block of rank {} in a view of {} ranks (ours has {members})",
+            if h.kind == Kind::Gather {
+                "gather"
+            } else {
+                "exchange"
+            },
+            h.offset,
+            h.total
         )));
     }
     if matches!(h.kind, Kind::ReduceScatter | Kind::AllGather)

@@ -1,7 +1,8 @@
 //! The tensor wire format shared by our stream protocols.
 //!
 //! A frame is `u32 LE header length`, a CBOR [`Header`], then `len` elements
-//! of little-endian payload (`f32`, or `u64` for [`Kind::Gather`]) written in
+//! of little-endian payload (`f32`, or `u64` for [`Kind::Gather`] and
+//! [`Kind::Exchange`]) written in
 //! chunks. The header says what the
 //! payload is, so the receiver can refuse it before reading a byte of it; the
 //! checksum catches framing bugs (the transport already authenticates and
@@ -17,8 +18,9 @@ use crate::compress::{CodecError, Compression, encoded_bytes};
 /// never form a run. 2: [`Kind::Gather`] frames of [`DType::U64`]. 3: the
 /// admission knock before membership hellos. 4: compressed push-sum shares
 /// ([`DType::Bf16`], [`DType::Int8`], [`DType::TopK`]). 5: top-k shares
-/// with block-relative `u16` indices and bfloat16 values.
-pub const WIRE_VERSION: u16 = 5;
+/// with block-relative `u16` indices and bfloat16 values. 6: [`Kind::Exchange`]
+/// blocks (the compressed average's reduce-scatter).
+pub const WIRE_VERSION: u16 = 6;
 /// Push-sum shares.
 pub const PUSH_SUM_PROTOCOL: &str = "/slowmo/push-sum/1";
 /// Ring all-reduce chunks (also the barrier).
@@ -50,6 +52,10 @@ pub enum Kind {
     /// rank whose values it carries, `total` the view's size, `step` the ring
     /// step; `weight` is 0.
     Gather,
+    /// A block of exact `u64` words sent straight to one rank in an
+    /// exchange (all-to-all): `offset` is the rank it is for, `total` the
+    /// view's size, `step` 0, `weight` 0.
+    Exchange,
 }
 
 /// Element type of the payload: `f32` for tensors, `u64` for the words of
@@ -94,7 +100,7 @@ impl DType {
     pub fn of(kind: Kind) -> Self {
         match kind {
             Kind::PushSum | Kind::ReduceScatter | Kind::AllGather => DType::F32,
-            Kind::Gather => DType::U64,
+            Kind::Gather | Kind::Exchange => DType::U64,
         }
     }
 }

@@ -26,7 +26,7 @@ use super::lane::lane;
 /// The targets, by name.
 pub const TARGETS: &[&str] = &[
     "header", "share", "chunk", "direct", "gather", "hello", "reply", "knock", "door", "lane",
-    "coded",
+    "coded", "sums",
 ];
 
 /// Runs target `name` on `data`. Panics on an unknown name, and wherever a
@@ -44,6 +44,7 @@ pub fn run(name: &str, data: &[u8]) -> Outcome {
         "door" => door(data),
         "lane" => lane(data),
         "coded" => super::coded(data),
+        "sums" => super::sums(data),
         _ => panic!("no fuzz target `{name}` (targets: {})", TARGETS.join(", ")),
     }
 }

@@ -43,6 +43,7 @@ pub fn generate(name: &str, rng: &mut Rng) -> Case {
         "gather" => gen_blocks(rng, hostile),
         "lane" => gen_lane(rng, hostile),
         "coded" => super::coded::generate(rng, hostile),
+        "sums" => super::sums::generate(rng, hostile),
         "hello" => gen_hello(rng, hostile, false),
         "reply" => gen_hello(rng, hostile, true),
         "knock" | "door" => {
@@ -145,6 +146,7 @@ fn spoil(rng: &mut Rng, h: &mut Header, payload: &mut Vec<u8>) {
                 Kind::ReduceScatter,
                 Kind::AllGather,
                 Kind::Gather,
+                Kind::Exchange,
             ])
         }
         5 => h.dtype = rng.pick(&[DType::F32, DType::U64]),

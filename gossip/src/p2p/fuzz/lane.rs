@@ -195,6 +195,7 @@ pub(super) fn gen_lane(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
                     Kind::ReduceScatter,
                     Kind::AllGather,
                     Kind::Gather,
+                    Kind::Exchange,
                 ]))
             }
             9 if payload.len() >= 4 => {

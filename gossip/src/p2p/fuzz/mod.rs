@@ -1,7 +1,7 @@
 //! Fuzzing every decoder of peer input: frame headers, push-sum shares,
 //! all-reduce chunks, gather blocks, membership hellos and replies, and the
-//! admission knock and door before them ([`knock`]), and compressed shares
-//! ([`coded`]).
+//! admission knock and door before them ([`knock`]), compressed shares
+//! ([`coded`]) and the compressed average's words ([`sums`]).
 //!
 //! Each target takes arbitrary bytes (what one peer could write on one
 //! stream) and runs them through the code a node runs on them, against a
@@ -24,6 +24,7 @@ mod generate;
 mod knock;
 mod lane;
 mod rng;
+mod sums;
 
 pub use coded::coded;
 pub use ctx::Outcome;
@@ -31,3 +32,4 @@ pub use decode::{TARGETS, chunk, direct, door, gather, header, hello, knock, rep
 pub use generate::{Case, generate};
 pub use lane::lane;
 pub use rng::Rng;
+pub use sums::sums;

@@ -50,6 +50,7 @@ impl FrameKind {
             FrameKind::Probe => 5,
             FrameKind::End => 6,
             FrameKind::Coded => 7,
+            FrameKind::Tensor(Kind::Exchange) => 8,
         }
     }
 
@@ -62,6 +63,7 @@ impl FrameKind {
             5 => FrameKind::Probe,
             6 => FrameKind::End,
             7 => FrameKind::Coded,
+            8 => FrameKind::Tensor(Kind::Exchange),
             _ => return None,
         })
     }
@@ -69,7 +71,7 @@ impl FrameKind {
     /// Bytes per element of the payload.
     pub fn element_size(self) -> u64 {
         match self {
-            FrameKind::Tensor(Kind::Gather) => 8,
+            FrameKind::Tensor(Kind::Gather | Kind::Exchange) => 8,
             FrameKind::Tensor(_) => 4,
             FrameKind::Probe | FrameKind::Coded => 1,
             FrameKind::End => 0,

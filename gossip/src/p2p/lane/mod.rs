@@ -450,8 +450,9 @@ impl Session {
         let elements = payload.len() / size;
         // A compressed share is read whole by its decoder.
         let coded = h.kind == Kind::PushSum && h.dtype != DType::F32;
-        // A gather block's offset is a rank, not a place: it goes whole.
-        let parts = if h.kind == Kind::Gather || coded {
+        // A gather or exchange block's offset is a rank, not a place: it
+        // goes whole.
+        let parts = if matches!(h.kind, Kind::Gather | Kind::Exchange) || coded {
             1
         } else {
             writers.len().min(payload.len().div_ceil(MIN_PART)).max(1)
