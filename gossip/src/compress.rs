@@ -70,7 +70,7 @@ pub fn encoded_bytes(codec: Compression, n: usize) -> usize {
 }
 
 /// `f32` to bfloat16 bits, rounded to nearest even.
-#[inline]
+#[inline(always)]
 fn to_bf16(v: f32) -> u16 {
     let bits = v.to_bits();
     let round = 0x7fff + ((bits >> 16) & 1);
@@ -83,7 +83,7 @@ fn to_bf16(v: f32) -> u16 {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn from_bf16(b: u16) -> f32 {
     f32::from_bits(u32::from(b) << 16)
 }
@@ -91,8 +91,9 @@ fn from_bf16(b: u16) -> f32 {
 /// `v` rounded half away from zero, as [`f32::round`], for `|v| < 2^23`
 /// (an int8 code's range and far beyond): the truncation and the fraction
 /// `v - trunc(v)` are exact there. Without SSE4.1 `f32::round` is a call
-/// into libm for every value; this stays in registers.
-#[inline]
+/// into libm for every value; this stays in registers. The reference
+/// [`int8_code`] is tested against (it rounds the same way, in lanes).
+#[cfg(test)]
 fn round_half_away(v: f32) -> f32 {
     let t = v as i32 as f32;
     let frac = v - t;
@@ -100,10 +101,140 @@ fn round_half_away(v: f32) -> f32 {
     (t + f32::from(u8::from(frac >= 0.5)) - f32::from(u8::from(frac <= -0.5))).copysign(v)
 }
 
+/// The int8 code of `v` (a value over its block's scale):
+/// `round_half_away(v).clamp(-127.0, 127.0) as i8`, NaN coded 0, written
+/// without saturating float-to-integer casts (each of which costs a NaN
+/// test and a scalar conversion per lane) so that it runs in vector lanes.
+#[inline(always)]
+fn int8_code(v: f32) -> i8 {
+    // Beyond +-128 every value codes +-127 either way.
+    let v = if v.is_nan() {
+        0.0
+    } else {
+        v.clamp(-128.0, 128.0)
+    };
+    // SAFETY: `v` is finite and within +-128, so it fits an i32.
+    let t = unsafe { v.to_int_unchecked::<i32>() } as f32;
+    let frac = v - t;
+    let r = (t + f32::from(u8::from(frac >= 0.5)) - f32::from(u8::from(frac <= -0.5))).copysign(v);
+    // SAFETY: `r` is finite and within +-129 before the clamp.
+    unsafe { r.clamp(-127.0, 127.0).to_int_unchecked::<i32>() as i8 }
+}
+
 /// The value an int8 code stands for: the one expression both ends use.
-#[inline]
+#[inline(always)]
 fn int8_value(q: i8, scale: f32) -> f32 {
     f32::from(q) * scale
+}
+
+/// Defines `$name` running the `#[inline(always)]` kernel `$plain` built
+/// for the CPU it runs on: with AVX2 where the CPU has it (checked once a
+/// call; the kernels are plain Rust, so both builds compute the same bits:
+/// nothing is fused or reordered, only run eight lanes wide), else as
+/// compiled for the baseline.
+macro_rules! wide_lanes {
+    ($(fn $name:ident / $wide:ident = $plain:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2, checked just above.
+                return unsafe { $wide($($arg),*) };
+            }
+            $plain($($arg),*)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        fn $wide($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+    )*};
+}
+
+wide_lanes! {
+    fn encode_bf16 / encode_bf16_avx2 = encode_bf16_plain(x: &mut [f32], p: f32, out: f32, buf: &mut Vec<u8>);
+    fn encode_int8 / encode_int8_avx2 = encode_int8_plain(x: &mut [f32], p: f32, out: f32, buf: &mut Vec<u8>);
+    fn add_bf16 / add_bf16_avx2 = add_bf16_plain(bytes: &[u8], x: &mut [f32]);
+    fn add_int8 / add_int8_avx2 = add_int8_plain(bytes: &[u8], x: &mut [f32]);
+}
+
+/// Appends the bf16 or int8 share of `x * p` to `buf`, leaving `x -= out *
+/// D(share)`. Pieces of a buffer cut at multiples of [`INT8_BLOCK`] append
+/// the bytes of the whole (the blocks restart at the same places).
+pub(crate) fn append_dense(codec: Compression, x: &mut [f32], p: f32, out: f32, buf: &mut Vec<u8>) {
+    match codec {
+        Compression::Bf16 => encode_bf16(x, p, out, buf),
+        Compression::Int8 => encode_int8(x, p, out, buf),
+        _ => unreachable!("{codec} is not a dense codec"),
+    }
+}
+
+/// The bfloat16 share of `x * p` into `buf`; `x -= out * D(share)`.
+#[inline(always)]
+fn encode_bf16_plain(x: &mut [f32], p: f32, out: f32, buf: &mut Vec<u8>) {
+    let at = buf.len();
+    buf.resize(at + 2 * x.len(), 0);
+    for (v, c) in x.iter_mut().zip(buf[at..].chunks_exact_mut(2)) {
+        let b = to_bf16(*v * p);
+        c.copy_from_slice(&b.to_le_bytes());
+        *v -= out * from_bf16(b);
+    }
+}
+
+/// The block-scaled int8 share of `x * p` into `buf`; `x -= out * D(share)`.
+#[inline(always)]
+fn encode_int8_plain(x: &mut [f32], p: f32, out: f32, buf: &mut Vec<u8>) {
+    let mut share = [0f32; INT8_BLOCK];
+    for block in x.chunks_mut(INT8_BLOCK) {
+        let s = &mut share[..block.len()];
+        // The largest magnitude, NaN left out (as `f32::max` leaves it):
+        // the bits of a non-negative float order as the float does, and
+        // an integer maximum runs in vector lanes.
+        let mut max_bits = 0u32;
+        for (s, v) in s.iter_mut().zip(block.iter()) {
+            *s = *v * p;
+            let b = s.to_bits() & 0x7fff_ffff;
+            max_bits = max_bits.max(if b <= 0x7f80_0000 { b } else { 0 });
+        }
+        let scale = f32::from_bits(max_bits) / 127.0;
+        buf.extend_from_slice(&scale.to_le_bytes());
+        let at = buf.len();
+        buf.resize(at + block.len(), 0);
+        // An all-zero block keeps its zero codes, and `x` is unchanged
+        // (`v - out * 0` is `v`); otherwise one branch-free pass.
+        if scale > 0.0 {
+            for ((s, v), c) in s.iter().zip(block.iter_mut()).zip(&mut buf[at..]) {
+                let q = int8_code(*s / scale);
+                *c = q as u8;
+                *v -= out * int8_value(q, scale);
+            }
+        }
+    }
+}
+
+/// `x += D(bytes)` for a checked bfloat16 share.
+#[inline(always)]
+fn add_bf16_plain(bytes: &[u8], x: &mut [f32]) {
+    for (d, b) in x.iter_mut().zip(bytes.chunks_exact(2)) {
+        *d += from_bf16(u16::from_le_bytes([b[0], b[1]]));
+    }
+}
+
+/// `x += D(bytes)` for a checked int8 share.
+#[inline(always)]
+fn add_int8_plain(bytes: &[u8], x: &mut [f32]) {
+    let mut at = 0;
+    for block in x.chunks_mut(INT8_BLOCK) {
+        let Some(head) = bytes.get(at..at + 4) else {
+            return;
+        };
+        let scale = f32::from_le_bytes(head.try_into().expect("4 bytes"));
+        let codes = &bytes[at + 4..(at + 4 + block.len()).min(bytes.len())];
+        for (d, q) in block.iter_mut().zip(codes) {
+            *d += int8_value(*q as i8, scale);
+        }
+        at += 4 + block.len();
+    }
 }
 
 /// Scales `x` by `p` into this round's share, encodes the share into `buf`
@@ -121,38 +252,9 @@ pub fn encode_share(
     buf.clear();
     buf.reserve(encoded_bytes(codec, x.len()));
     match codec {
+        Compression::Bf16 | Compression::Int8 => append_dense(codec, x, p, out, &mut buf),
         Compression::None => unreachable!("the plain share is not encoded here"),
-        Compression::Bf16 => {
-            for v in x.iter_mut() {
-                let b = to_bf16(*v * p);
-                buf.extend_from_slice(&b.to_le_bytes());
-                *v -= out * from_bf16(b);
-            }
-        }
-        Compression::Int8 => {
-            let mut share = [0f32; INT8_BLOCK];
-            for block in x.chunks_mut(INT8_BLOCK) {
-                let s = &mut share[..block.len()];
-                let mut max = 0f32;
-                for (s, v) in s.iter_mut().zip(block.iter()) {
-                    *s = *v * p;
-                    max = max.max(s.abs());
-                }
-                let scale = max / 127.0;
-                buf.extend_from_slice(&scale.to_le_bytes());
-                let at = buf.len();
-                buf.resize(at + block.len(), 0);
-                // An all-zero block keeps its zero codes, and `x` is unchanged
-                // (`v - out * 0` is `v`); otherwise one branch-free pass.
-                if scale > 0.0 {
-                    for ((s, v), c) in s.iter().zip(block.iter_mut()).zip(&mut buf[at..]) {
-                        let q = round_half_away(*s / scale).clamp(-127.0, 127.0) as i8;
-                        *c = q as u8;
-                        *v -= out * int8_value(q, scale);
-                    }
-                }
-            }
-        }
+
         Compression::TopK(fraction) => {
             let k = top_k(fraction, x.len());
             let share: Vec<f32> = x.iter().map(|v| *v * p).collect();
@@ -294,25 +396,8 @@ pub fn check(codec: Compression, bytes: &[u8], n: usize) -> Result<(), CodecErro
 pub fn add_decoded(codec: Compression, bytes: &[u8], x: &mut [f32]) {
     match codec {
         Compression::None => crate::le::add_bytes(x, bytes),
-        Compression::Bf16 => {
-            for (d, b) in x.iter_mut().zip(bytes.chunks_exact(2)) {
-                *d += from_bf16(u16::from_le_bytes([b[0], b[1]]));
-            }
-        }
-        Compression::Int8 => {
-            let mut at = 0;
-            for block in x.chunks_mut(INT8_BLOCK) {
-                let Some(head) = bytes.get(at..at + 4) else {
-                    return;
-                };
-                let scale = f32::from_le_bytes(head.try_into().expect("4 bytes"));
-                let codes = &bytes[at + 4..(at + 4 + block.len()).min(bytes.len())];
-                for (d, q) in block.iter_mut().zip(codes) {
-                    *d += int8_value(*q as i8, scale);
-                }
-                at += 4 + block.len();
-            }
-        }
+        Compression::Bf16 => add_bf16(bytes, x),
+        Compression::Int8 => add_int8(bytes, x),
         Compression::TopK(_) => {
             let blocks = x.len().div_ceil(TOPK_BLOCK);
             let Some((counts, rest)) = bytes.split_at_checked(2 * blocks) else {
@@ -396,6 +481,90 @@ impl crate::ledger::SharePayload for MemShare {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Awkward values: zeros of both signs, subnormals, infinities, NaN,
+    /// halves that round away, and a spread of magnitudes.
+    fn awkward(n: usize, seed: u32) -> Vec<f32> {
+        let special = [
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE / 4.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.5,
+            -2.5,
+            f32::MAX,
+            1e-30,
+        ];
+        let mut state = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                if state.is_multiple_of(97) {
+                    special[i % special.len()]
+                } else {
+                    let unit = (state >> 8) as f32 / (1 << 24) as f32 - 0.5;
+                    unit * 10f32.powi((state % 9) as i32 - 4)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_wide_kernels_compute_the_plain_kernels_bits() {
+        type Encode = fn(&mut [f32], f32, f32, &mut Vec<u8>);
+        type Add = fn(&[u8], &mut [f32]);
+        let encoders: [(Encode, Encode, Add, Add); 2] = [
+            (encode_bf16, encode_bf16_plain, add_bf16, add_bf16_plain),
+            (encode_int8, encode_int8_plain, add_int8, add_int8_plain),
+        ];
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (seed, n) in [(1, 1), (2, 255), (3, 256), (4, 257), (5, 5000), (6, 70_001)] {
+            for &(wide, plain, add_wide, add_plain) in &encoders {
+                let x = awkward(n, seed);
+                let (mut a, mut b) = (x.clone(), x.clone());
+                let (mut ca, mut cb) = (Vec::new(), Vec::new());
+                wide(&mut a, 0.5, 2.0, &mut ca);
+                plain(&mut b, 0.5, 2.0, &mut cb);
+                assert_eq!(ca, cb, "codes of {n} values");
+                assert_eq!(bits(&a), bits(&b), "what is kept of {n} values");
+                let (mut da, mut db) = (awkward(n, seed + 10), awkward(n, seed + 10));
+                add_wide(&ca, &mut da);
+                add_plain(&ca, &mut db);
+                assert_eq!(bits(&da), bits(&db), "decoded sums of {n} values");
+            }
+        }
+    }
+
+    #[test]
+    fn int8_codes_are_the_saturating_rounding() {
+        let mut values = awkward(200_000, 7);
+        values.extend([
+            127.5, -127.5, 126.5, 128.0, 128.4, -128.6, 1e9, -1e9, 0.49999997, -0.5, 2.5,
+        ]);
+        for v in values.iter().flat_map(|v| [*v, *v * 1e4, *v * 3e6]) {
+            let want = round_half_away(v).clamp(-127.0, 127.0) as i8;
+            assert_eq!(int8_code(v), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn the_int8_scale_leaves_nan_out_as_f32_max_does() {
+        for seed in 0..50 {
+            let x = awkward(300, seed);
+            let mut code = Vec::new();
+            encode_int8_plain(&mut x.clone(), 1.0, 1.0, &mut code);
+            for (b, block) in x.chunks(INT8_BLOCK).enumerate() {
+                let max = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let at = b * (4 + INT8_BLOCK);
+                let scale = f32::from_le_bytes(code[at..at + 4].try_into().unwrap());
+                assert_eq!(scale.to_bits(), (max / 127.0).to_bits(), "block {b}");
+            }
+        }
+    }
 
     const CODECS: [Compression; 4] = [
         Compression::Bf16,

@@ -21,7 +21,7 @@
 
 use std::borrow::Cow;
 
-use super::{Compression, add_decoded, check, encode_share, encoded_bytes};
+use super::{Compression, add_decoded, append_dense, check, encode_share, encoded_bytes};
 use crate::{CommError, Communicator, DIRECT_MAX_RANKS, segment, sum_scalars_in_rank_order};
 
 /// `bytes` as little-endian `u64` words, the last one zero-padded.
@@ -85,10 +85,6 @@ pub fn compressed_average(
             residual.len()
         )));
     }
-    let wf = *w as f32;
-    for ((e, a), v) in residual.iter_mut().zip(anchor).zip(x.iter()) {
-        *e += *a * wf - *v;
-    }
     let m = comm.world_size();
     if reduces(codec, m) {
         reduced_average(comm, codec, x, w, anchor, residual)
@@ -118,6 +114,7 @@ fn gathered_average(
     residual: &mut [f32],
 ) -> Result<(), CommError> {
     let n = x.len();
+    pseudo_gradient(residual, anchor, x, *w);
     let bytes = encode_share(codec, residual, 1.0, 1, Vec::new());
     let len = encoded_bytes(codec, n);
     debug_assert_eq!(bytes.len(), len);
@@ -142,6 +139,26 @@ fn gathered_average(
     }
     finish(x, w, anchor, sum_scalars_in_rank_order(weights));
     Ok(())
+}
+
+/// `e += anchor * f32(w) - x`: the pseudo-gradient plus what was kept.
+fn pseudo_gradient(e: &mut [f32], anchor: &[f32], x: &[f32], w: f64) {
+    let wf = w as f32;
+    for ((e, a), v) in e.iter_mut().zip(anchor).zip(x) {
+        *e += *a * wf - *v;
+    }
+}
+
+/// Values per piece of the reduce-scatter's fused passes: a multiple of the
+/// int8 block (so that pieces code as the whole does), small enough that a
+/// piece stays in cache between its two passes.
+const PIECE: usize = 16 * super::INT8_BLOCK;
+
+/// The bytes of values `at..at + len` in a dense (bf16, int8) code, for
+/// `at` a multiple of [`PIECE`].
+fn piece_bytes(codec: Compression, at: usize, len: usize) -> std::ops::Range<usize> {
+    let start = encoded_bytes(codec, at);
+    start..start + encoded_bytes(codec, len)
 }
 
 /// `x = anchor - sum / total`, `w = 1`.
@@ -192,9 +209,17 @@ fn reduced_average(
     residual: &mut [f32],
 ) -> Result<(), CommError> {
     let (n, m, me) = (x.len(), comm.world_size(), comm.rank());
+    // The pseudo-gradient and its code in one pass, piece by piece.
     let blocks: Vec<Vec<u64>> = (0..m)
         .map(|j| {
-            let bytes = encode_share(codec, &mut residual[segment(n, m, j)], 1.0, 1, Vec::new());
+            let seg = segment(n, m, j);
+            let mut bytes = Vec::with_capacity(encoded_bytes(codec, seg.len()));
+            for at in seg.clone().step_by(PIECE) {
+                let piece = at..(at + PIECE).min(seg.end);
+                let e = &mut residual[piece.clone()];
+                pseudo_gradient(e, &anchor[piece.clone()], &x[piece], *w);
+                append_dense(codec, e, 1.0, 1.0, &mut bytes);
+            }
             let mut words = Vec::with_capacity(1 + bytes.len().div_ceil(8));
             words.push(w.to_bits());
             to_words(&bytes, &mut words);
@@ -231,8 +256,23 @@ fn reduced_average(
     reply.resize(reply_words, 0);
     let sums = gather_in_pieces(comm, &reply, n)?;
     drop(got);
-    let total = read_sums(codec, &sums, n, x)?;
-    finish(x, w, anchor, total);
+    let (total, payloads) = read_sums(codec, &sums, n)?;
+    // Decoded and finished piece by piece: `x = anchor - S / W`.
+    let inv = (1.0 / total) as f32;
+    for (j, payload) in payloads.iter().enumerate() {
+        let seg = segment(n, m, j);
+        for at in (0..seg.len()).step_by(PIECE) {
+            let len = PIECE.min(seg.len() - at);
+            let piece = seg.start + at..seg.start + at + len;
+            let v = &mut x[piece.clone()];
+            v.fill(0.0);
+            add_decoded(codec, &payload[piece_bytes(codec, at, len)], v);
+            for (v, a) in v.iter_mut().zip(&anchor[piece]) {
+                *v = *a - *v * inv;
+            }
+        }
+    }
+    *w = 1.0;
     Ok(())
 }
 
@@ -272,15 +312,15 @@ pub(crate) fn reduce_segment(
 }
 
 /// The gathered coded sums (`sums[j]` from rank `j`, of segment `j`), all
-/// checked, then decoded into `x`; returns the sum of the weights, which
-/// every rank must report alike. A refusal, or a sum that does not fit, is
-/// an error naming the rank.
+/// checked: the sum of the weights, which every rank must report alike,
+/// and each segment's code. A refusal, or a sum that does not fit, is an
+/// error naming the rank.
+#[allow(clippy::type_complexity)]
 pub(crate) fn read_sums(
     codec: Compression,
     sums: &[Vec<u64>],
     n: usize,
-    x: &mut [f32],
-) -> Result<f64, CommError> {
+) -> Result<(f64, Vec<Cow<'_, [u8]>>), CommError> {
     let m = sums.len();
     let mut total: Option<f64> = None;
     let mut payloads = Vec::with_capacity(m);
@@ -323,12 +363,9 @@ pub(crate) fn read_sums(
         }
         payloads.push(payload);
     }
-    for (j, payload) in payloads.iter().enumerate() {
-        let seg = &mut x[segment(n, m, j)];
-        seg.fill(0.0);
-        add_decoded(codec, payload, seg);
-    }
-    total.ok_or_else(|| CommError::Protocol("compressed average of no ranks".into()))
+    let total =
+        total.ok_or_else(|| CommError::Protocol("compressed average of no ranks".into()))?;
+    Ok((total, payloads))
 }
 
 /// Every rank's `words`, gathered in pieces that fit a message of the run
@@ -382,12 +419,16 @@ mod tests {
     #[test]
     fn every_rank_gets_the_same_bits_and_keeps_its_own_error() {
         // The reduce-scatter (int8, bf16; segments of unequal lengths at
-        // n = 1001, m = 3), and the all-gather (top-k, and 17 ranks).
+        // n = 1001, m = 3; of several fused pieces), and the all-gather
+        // (top-k, and 17 ranks).
         for (codec, m, n, most) in [
             (Compression::Int8, 4, 1000, 5e-3),
             (Compression::Int8, 3, 1001, 5e-3),
             (Compression::Int8, 2, 1000, 5e-3),
             (Compression::Bf16, 4, 1000, 2e-2),
+            // Segments of several pieces, the last one short.
+            (Compression::Int8, 2, 20_000, 5e-3),
+            (Compression::Bf16, 3, 30_001, 2e-2),
             (Compression::TopK(0.1), 4, 1000, 0.5),
             (Compression::Int8, 17, 1000, 5e-3),
         ] {
@@ -515,12 +556,15 @@ mod tests {
             reply(codec, 2.0, &[1.0, 2.0], len),
             reply(codec, 2.0, &[3.0, 4.0, 5.0], len),
         ];
-        let mut x = vec![9f32; n];
-        assert_eq!(read_sums(codec, &sums, n, &mut x).unwrap(), 2.0);
+        let (total, codes) = read_sums(codec, &sums, n).unwrap();
+        assert_eq!(total, 2.0);
+        let mut x = vec![0f32; n];
+        add_decoded(codec, &codes[0], &mut x[..2]);
+        add_decoded(codec, &codes[1], &mut x[2..]);
         assert_eq!(x, [1.0, 2.0, 3.0, 4.0, 5.0]);
         let mut other = sums.clone();
         other[1] = reply(codec, 3.0, &[3.0, 4.0, 5.0], len);
-        let err = read_sums(codec, &other, n, &mut x).unwrap_err().to_string();
+        let err = read_sums(codec, &other, n).unwrap_err().to_string();
         assert!(
             err.contains("rank 1's sum") && err.contains("add up to 3"),
             "{err}"
@@ -529,13 +573,11 @@ mod tests {
         to_words(b"nope!", &mut refusal);
         refusal.resize(len, 0);
         other[0] = refusal;
-        let err = read_sums(codec, &other, n, &mut x).unwrap_err().to_string();
+        let err = read_sums(codec, &other, n).unwrap_err().to_string();
         assert!(err.contains("rank 0 refused it: nope!"), "{err}");
         let mut padded = sums.clone();
         padded[0].push(7);
-        let err = read_sums(codec, &padded, n, &mut x)
-            .unwrap_err()
-            .to_string();
+        let err = read_sums(codec, &padded, n).unwrap_err().to_string();
         assert!(err.contains("zeros after"), "{err}");
         assert_eq!(m, sums.len());
     }

@@ -10,7 +10,7 @@
 use super::ctx::Outcome;
 use super::rng::Rng;
 use crate::compress::average::{REFUSED, SUMMED, read_sums, reduce_segment};
-use crate::compress::{Compression, encode_share, encoded_bytes};
+use crate::compress::{Compression, add_decoded, encode_share, encoded_bytes};
 use crate::segment;
 
 const CODECS: [Compression; 2] = [Compression::Bf16, Compression::Int8];
@@ -53,10 +53,13 @@ pub fn sums(data: &[u8]) -> Outcome {
     };
     let m = ranks.len();
     if sums {
-        let mut x = vec![0f32; n];
-        return match read_sums(codec, &ranks, n, &mut x) {
-            Ok(total) => {
+        return match read_sums(codec, &ranks, n) {
+            Ok((total, codes)) => {
                 assert!(total.is_finite() && total > 0.0, "a sum of weights {total}");
+                let mut x = vec![0f32; n];
+                for (j, code) in codes.iter().enumerate() {
+                    add_decoded(codec, code, &mut x[segment(n, m, j)]);
+                }
                 assert!(x.iter().all(|v| v.is_finite()), "{codec}: a non-finite sum");
                 Outcome {
                     accepted: m,
