@@ -156,6 +156,35 @@ wide_lanes! {
     fn encode_int8 / encode_int8_avx2 = encode_int8_plain(x: &mut [f32], p: f32, out: f32, buf: &mut Vec<u8>);
     fn add_bf16 / add_bf16_avx2 = add_bf16_plain(bytes: &[u8], x: &mut [f32]);
     fn add_int8 / add_int8_avx2 = add_int8_plain(bytes: &[u8], x: &mut [f32]);
+    fn any_non_finite_bf16 / any_non_finite_bf16_avx2 = any_non_finite_bf16_plain(bytes: &[u8], bad: &mut bool);
+}
+
+/// Whether a bfloat16 value of `bytes` is not finite (all exponent bits
+/// set), as one branch-free fold that runs in vector lanes.
+#[inline(always)]
+fn any_non_finite_bf16_plain(bytes: &[u8], bad: &mut bool) {
+    let mut any = 0u8;
+    for b in bytes.chunks_exact(2) {
+        any |= u8::from(b[1] & 0x7f == 0x7f && b[0] & 0x80 == 0x80);
+    }
+    *bad = any != 0;
+}
+
+/// The index of the first bfloat16 value of `bytes` that is not finite:
+/// a fold over pieces, and a scan of the piece that has one.
+fn first_non_finite_bf16(bytes: &[u8]) -> Option<usize> {
+    const PIECE: usize = 1 << 14;
+    for (k, piece) in bytes.chunks(PIECE).enumerate() {
+        let mut bad = false;
+        any_non_finite_bf16(piece, &mut bad);
+        if bad {
+            let i = piece
+                .chunks_exact(2)
+                .position(|b| !from_bf16(u16::from_le_bytes([b[0], b[1]])).is_finite())?;
+            return Some(k * PIECE / 2 + i);
+        }
+    }
+    None
 }
 
 /// Appends the bf16 or int8 share of `x * p` to `buf`, leaving `x -= out *
@@ -317,11 +346,9 @@ pub fn check(codec: Compression, bytes: &[u8], n: usize) -> Result<(), CodecErro
             }
         }
         Compression::Bf16 => {
-            for (i, b) in bytes.chunks_exact(2).enumerate() {
-                let v = from_bf16(u16::from_le_bytes([b[0], b[1]]));
-                if !v.is_finite() {
-                    return Err(err("value", format!("{i} is {v}")));
-                }
+            if let Some(i) = first_non_finite_bf16(bytes) {
+                let v = from_bf16(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]));
+                return Err(err("value", format!("{i} is {v}")));
             }
         }
         Compression::Int8 => {
@@ -537,6 +564,30 @@ mod tests {
                 assert_eq!(bits(&da), bits(&db), "decoded sums of {n} values");
             }
         }
+    }
+
+    #[test]
+    fn the_first_non_finite_bfloat16_is_found_in_any_piece() {
+        let n = 40_000;
+        let mut bytes: Vec<u8> = (0..n as u32)
+            .flat_map(|i| to_bf16((i as f32 * 0.37).sin() * 1e30).to_le_bytes())
+            .collect();
+        assert_eq!(first_non_finite_bf16(&bytes), None);
+        for (at, v) in [
+            (0, f32::NAN),
+            (8191, f32::INFINITY),
+            (8192, f32::NEG_INFINITY),
+            (n - 1, f32::NAN),
+        ] {
+            let mut b = bytes.clone();
+            b[2 * at..2 * at + 2].copy_from_slice(&to_bf16(v).to_le_bytes());
+            b[2 * (n - 1)..].copy_from_slice(&to_bf16(f32::INFINITY).to_le_bytes());
+            assert_eq!(first_non_finite_bf16(&b), Some(at), "{v} at {at}");
+        }
+        // The largest finite bfloat16 and the smallest subnormals pass.
+        bytes[..2].copy_from_slice(&0x7f7fu16.to_le_bytes());
+        bytes[2..4].copy_from_slice(&0x8001u16.to_le_bytes());
+        assert_eq!(first_non_finite_bf16(&bytes), None);
     }
 
     #[test]

@@ -25,14 +25,25 @@ pub fn add_bytes(dst: &mut [f32], payload: &[u8]) {
 
 /// `values` as little-endian bytes.
 pub(crate) fn u64_to_bytes(values: &[u64]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    if cfg!(target_endian = "little") {
+        // One copy of memory that already holds these bytes.
+        bytemuck::cast_slice(values).to_vec()
+    } else {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
 }
 
 /// Little-endian `u64` words of `bytes` (a trailing partial word is left
 /// out).
 pub(crate) fn bytes_to_u64(bytes: &[u8]) -> Vec<u64> {
-    bytes
-        .chunks_exact(8)
-        .map(|w| u64::from_le_bytes(w.try_into().expect("chunks of 8")))
-        .collect()
+    let mut out = vec![0u64; bytes.len() / 8];
+    if cfg!(target_endian = "little") {
+        let whole = 8 * out.len();
+        bytemuck::cast_slice_mut::<u64, u8>(&mut out).copy_from_slice(&bytes[..whole]);
+    } else {
+        for (o, w) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+            *o = u64::from_le_bytes(w.try_into().expect("chunks of 8"));
+        }
+    }
+    out
 }

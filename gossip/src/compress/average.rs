@@ -26,10 +26,17 @@ use crate::{CommError, Communicator, DIRECT_MAX_RANKS, segment, sum_scalars_in_r
 
 /// `bytes` as little-endian `u64` words, the last one zero-padded.
 fn to_words(bytes: &[u8], out: &mut Vec<u64>) {
-    for chunk in bytes.chunks(8) {
-        let mut word = [0u8; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        out.push(u64::from_le_bytes(word));
+    let start = out.len();
+    out.resize(start + bytes.len().div_ceil(8), 0);
+    if cfg!(target_endian = "little") {
+        bytemuck::cast_slice_mut::<u64, u8>(&mut out[start..])[..bytes.len()]
+            .copy_from_slice(bytes);
+    } else {
+        for (o, chunk) in out[start..].iter_mut().zip(bytes.chunks(8)) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            *o = u64::from_le_bytes(word);
+        }
     }
 }
 
