@@ -11,8 +11,9 @@
 //! - int8 and bf16 over 2 to 16 ranks ([`reduced_average`]): segment `j`
 //!   of every `g_i` is coded for rank `j`, which sums the decoded codes in
 //!   rank order and codes the sum again (keeping what that coding missed
-//!   in its own residual); the coded sums are all-gathered. About the
-//!   f32 all-reduce's traffic, in the codec's bytes.
+//!   in its own residual); the coded sums are all-gathered (straight to
+//!   every rank up to [`DIRECT_MAX_BYTES`] in all, else round the ring).
+//!   About the f32 all-reduce's traffic, in the codec's bytes.
 //! - otherwise ([`gathered_average`]): every contribution goes to every
 //!   rank, which sums them decoded in rank order (top-k, whose sums are
 //!   dense).
@@ -22,7 +23,9 @@
 use std::borrow::Cow;
 
 use super::{Compression, add_decoded, append_dense, check, encode_share, encoded_bytes};
-use crate::{CommError, Communicator, DIRECT_MAX_RANKS, segment, sum_scalars_in_rank_order};
+use crate::{
+    CommError, Communicator, DIRECT_MAX_BYTES, DIRECT_MAX_RANKS, segment, sum_scalars_in_rank_order,
+};
 
 /// `bytes` as little-endian `u64` words, the last one zero-padded.
 fn to_words(bytes: &[u8], out: &mut Vec<u64>) {
@@ -261,7 +264,13 @@ fn reduced_average(
         }
     }
     reply.resize(reply_words, 0);
-    let sums = gather_in_pieces(comm, &reply, n)?;
+    // A small model's sums go straight to every rank (one hop, as the
+    // direct all-reduce's do); a large one's round the ring in pieces.
+    let sums = if 8 * m * reply_words <= DIRECT_MAX_BYTES {
+        comm.exchange_u64(&vec![reply; m])?
+    } else {
+        gather_in_pieces(comm, &reply, n)?
+    };
     drop(got);
     let (total, payloads) = read_sums(codec, &sums, n)?;
     // Decoded and finished piece by piece: `x = anchor - S / W`.
@@ -436,6 +445,8 @@ mod tests {
             // Segments of several pieces, the last one short.
             (Compression::Int8, 2, 20_000, 5e-3),
             (Compression::Bf16, 3, 30_001, 2e-2),
+            // Sums of more than DIRECT_MAX_BYTES: gathered round the ring.
+            (Compression::Int8, 2, 1_100_000, 5e-3),
             (Compression::TopK(0.1), 4, 1000, 0.5),
             (Compression::Int8, 17, 1000, 5e-3),
         ] {
