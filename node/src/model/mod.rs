@@ -51,6 +51,7 @@
 //! 14 ms for conv2 on a loaded machine).
 
 mod arch;
+mod fused;
 mod io;
 mod learner;
 mod slot;

@@ -11,14 +11,16 @@
 //! 0.02 (the residual projections `0.02 / sqrt(2 * layers)`), biases zero,
 //! layer norms one and zero.
 //!
-//! Layer norm, softmax and GELU are written with candle's differentiable
-//! tensor ops: candle-nn's fused `layer_norm` and `softmax_last_dim` have no
-//! backward pass.
+//! On the CPU, layer norm, the attention's scaled causal softmax and GELU
+//! are fused kernels with their own backward pass (`fused.rs`); on another
+//! device they are candle's differentiable tensor ops (candle-nn's fused
+//! `layer_norm` and `softmax_last_dim` have no backward pass).
 
 use candle_core::{D, Device, Result as CandleResult, Tensor};
 use slowmo_runspec::TransformerShape;
 
 use super::ModelError;
+use super::fused;
 use super::slot::{Init, Slot};
 
 /// PyTorch's `LayerNorm` default epsilon.
@@ -112,7 +114,7 @@ impl Transformer {
             let y = self.attention(&y, b, t, &block[2..6])?;
             x = (x + y)?;
             let y = layer_norm(&x, &block[6], &block[7])?;
-            let y = linear(&y, &block[8], &block[9])?.gelu_erf()?;
+            let y = gelu(&linear(&y, &block[8], &block[9])?)?;
             x = (x + linear(&y, &block[10], &block[11])?)?;
         }
         let n = p.len();
@@ -133,13 +135,13 @@ impl Transformer {
             qkv.get(1)?.contiguous()?,
             qkv.get(2)?.contiguous()?,
         );
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-        let mask = if t == self.shape.context {
-            self.mask.clone()
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = q.matmul(&k.t()?)?;
+        let att = if scores.device().is_cpu() {
+            fused::causal_softmax(&scores, scale as f32)?
         } else {
-            self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?
+            self.masked_softmax(&(scores * scale)?, t)?
         };
-        let att = softmax_last(&scores.broadcast_add(&mask)?)?;
         let y = att
             .matmul(&v)?
             .transpose(1, 2)?
@@ -147,15 +149,40 @@ impl Transformer {
             .reshape((b * t, d))?;
         linear(&y, &p[2], &p[3])
     }
+
+    /// Softmax of scaled scores `(b, heads, t, t)` under the causal mask,
+    /// as tensor ops.
+    fn masked_softmax(&self, scores: &Tensor, t: usize) -> CandleResult<Tensor> {
+        let mask = if t == self.shape.context {
+            self.mask.clone()
+        } else {
+            self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?
+        };
+        softmax_last(&scores.broadcast_add(&mask)?)
+    }
 }
 
 /// `x Wᵀ + b` for `x` `(n, in)` and a PyTorch-layout weight `(out, in)`.
 fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> CandleResult<Tensor> {
-    x.matmul(&w.t()?)?.broadcast_add(b)
+    let y = x.matmul(&w.t()?)?;
+    if y.device().is_cpu() {
+        fused::add_bias(&y, b)
+    } else {
+        y.broadcast_add(b)
+    }
 }
 
 /// Layer norm over the last dimension of `(n, width)`, PyTorch's epsilon.
 fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor) -> CandleResult<Tensor> {
+    if x.device().is_cpu() {
+        fused::layer_norm(x, w, b, LN_EPS as f32)
+    } else {
+        layer_norm_ops(x, w, b)
+    }
+}
+
+/// [`layer_norm`] as candle's differentiable tensor ops.
+pub(super) fn layer_norm_ops(x: &Tensor, w: &Tensor, b: &Tensor) -> CandleResult<Tensor> {
     let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
     let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
     centred
@@ -164,8 +191,17 @@ fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor) -> CandleResult<Tensor> {
         .broadcast_add(b)
 }
 
+/// GELU, erf form.
+fn gelu(x: &Tensor) -> CandleResult<Tensor> {
+    if x.device().is_cpu() {
+        fused::gelu_erf(x)
+    } else {
+        x.gelu_erf()
+    }
+}
+
 /// Softmax over the last dimension (max-shifted; differentiable).
-fn softmax_last(x: &Tensor) -> CandleResult<Tensor> {
+pub(super) fn softmax_last(x: &Tensor) -> CandleResult<Tensor> {
     let e = x.broadcast_sub(&x.max_keepdim(D::Minus1)?)?.exp()?;
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
