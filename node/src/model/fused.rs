@@ -17,6 +17,7 @@ use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, bail,
 };
 use rayon::prelude::*;
+use slowmo_gossip::wide_lanes;
 
 /// Rows per parallel task: enough work that a hand-off costs little.
 const MIN_ROWS: usize = 16;
@@ -427,28 +428,6 @@ fn gelu_grad_plain(x: &[f32], g: &[f32], out: &mut [f32]) {
     }
 }
 
-/// The plain function, or the same code built for AVX2 where the CPU has
-/// it: the same operations in wider lanes (no fused multiply-add), so the
-/// same bits.
-macro_rules! wide_lanes {
-    ($(fn $name:ident / $wide:ident = $plain:ident($($arg:ident: $ty:ty),*);)*) => {$(
-        fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2, checked just above.
-                return unsafe { $wide($($arg),*) };
-            }
-            $plain($($arg),*)
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2")]
-        fn $wide($($arg: $ty),*) {
-            $plain($($arg),*)
-        }
-    )*};
-}
-
 wide_lanes! {
     fn gelu_lanes / gelu_avx2 = gelu_plain(x: &[f32], y: &mut [f32]);
     fn gelu_grad_lanes / gelu_grad_avx2 = gelu_grad_plain(x: &[f32], g: &[f32], out: &mut [f32]);
@@ -504,7 +483,7 @@ impl CustomOp2 for GeluErfGrad {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::transformer::{layer_norm_ops, softmax_last};
+    use crate::model::transformer::{causal_mask, layer_norm_ops, softmax_last};
     use candle_core::{Device, Var};
 
     /// Deterministic values in about [-scale, scale].
@@ -583,16 +562,7 @@ mod tests {
         let scale = 0.35f32;
         let s = [tensor(values(b * h * t * t, 5, 4.0), &[b, h, t, t])];
         let up = tensor(values(b * h * t * t, 6, 1.0), &[b, h, t, t]);
-        let mask: Vec<f32> = (0..t * t)
-            .map(|i| {
-                if i % t > i / t {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        let mask = tensor(mask, &[t, t]);
+        let mask = causal_mask(t, &Device::Cpu).unwrap();
         let fused = value_and_grads(&s, &up, |p| causal_softmax(&p[0], scale));
         let ops = value_and_grads(&s, &up, |p| {
             softmax_last(&(&p[0] * scale as f64)?.broadcast_add(&mask)?)

@@ -51,21 +51,8 @@ impl Transformer {
                 "the transformer needs a vocabulary of at least 2 tokens, got {vocab}"
             )));
         }
-        let t = shape.context;
-        let mask: Vec<f32> = (0..t * t)
-            .map(|i| {
-                if i % t > i / t {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        Ok(Transformer {
-            shape,
-            vocab,
-            mask: Tensor::from_vec(mask, (t, t), device)?,
-        })
+        let mask = causal_mask(shape.context, device)?;
+        Ok(Transformer { shape, vocab, mask })
     }
 
     /// Parameter tensors in storage order.
@@ -160,6 +147,20 @@ impl Transformer {
         };
         softmax_last(&scores.broadcast_add(&mask)?)
     }
+}
+
+/// `(t, t)`: 0 on and below the diagonal, -inf above.
+pub(super) fn causal_mask(t: usize, device: &Device) -> CandleResult<Tensor> {
+    let mask: Vec<f32> = (0..t * t)
+        .map(|i| {
+            if i % t > i / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Tensor::from_vec(mask, (t, t), device)
 }
 
 /// `x Wᵀ + b` for `x` `(n, in)` and a PyTorch-layout weight `(out, in)`.
