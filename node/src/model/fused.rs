@@ -1,5 +1,6 @@
 //! Fused CPU kernels for the transformer, each with its own backward pass:
-//! layer norm, the attention's scaled causal softmax, and erf GELU.
+//! layer norm, the attention's scaled causal softmax, erf GELU, and the
+//! linear layers' bias add.
 //!
 //! Written as candle tensor ops, each of these is several passes over
 //! memory forward (a reduction, a broadcast subtraction, a division, ...)
@@ -32,6 +33,21 @@ fn contiguous_f32<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> R
         Some((start, end)) => Ok(&values[start..end]),
         None => bail!("{what}: the input must be contiguous"),
     }
+}
+
+/// Two inputs of one shape (an operation's input and its output's
+/// gradient), as contiguous f32 values.
+fn same_shape_f32<'a>(
+    (s1, l1): (&'a CpuStorage, &Layout),
+    (s2, l2): (&'a CpuStorage, &Layout),
+    what: &str,
+) -> Result<(&'a [f32], &'a [f32])> {
+    let a = contiguous_f32(s1, l1, what)?;
+    let b = contiguous_f32(s2, l2, &format!("{what} gradient"))?;
+    if a.len() != b.len() {
+        bail!("{what}: shapes disagree");
+    }
+    Ok((a, b))
 }
 
 /// Width of the last dimension and the number of rows of `layout`.
@@ -160,20 +176,26 @@ impl CustomOp3 for LayerNormGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = contiguous_f32(s1, l1, "layer norm backward")?;
+        let (x, g) = same_shape_f32((s1, l1), (s3, l3), "layer norm backward")?;
         let w = contiguous_f32(s2, l2, "layer norm backward weight")?;
-        let g = contiguous_f32(s3, l3, "layer norm backward gradient")?;
         let (d, n) = rows(l1, "layer norm backward")?;
-        if w.len() != d || g.len() != x.len() {
-            bail!("layer norm backward: shapes disagree");
+        if w.len() != d {
+            bail!(
+                "layer norm backward: a weight of {} for rows of {d}",
+                w.len()
+            );
         }
+        let stats: Vec<(f32, f32)> = x
+            .par_chunks(d)
+            .with_min_len(MIN_ROWS)
+            .map(|x| moments(x, self.eps))
+            .collect();
         let mut out = vec![0f32; (n + 2) * d];
         let (dx, sums) = out.split_at_mut(n * d);
         dx.par_chunks_mut(d)
-            .zip(x.par_chunks(d).zip(g.par_chunks(d)))
+            .zip(x.par_chunks(d).zip(g.par_chunks(d)).zip(&stats))
             .with_min_len(MIN_ROWS)
-            .for_each(|(dx, (x, g))| {
-                let (mean, rstd) = moments(x, self.eps);
+            .for_each(|(dx, ((x, g), &(mean, rstd)))| {
                 // mean of g*w and of g*w*xhat over the row
                 let (mut a, mut c) = (0f32, 0f32);
                 for ((&x, &g), &w) in x.iter().zip(g).zip(w) {
@@ -187,8 +209,7 @@ impl CustomOp3 for LayerNormGrad {
                 }
             });
         let (dw, db) = sums.split_at_mut(d);
-        for (x, g) in x.chunks_exact(d).zip(g.chunks_exact(d)) {
-            let (mean, rstd) = moments(x, self.eps);
+        for ((x, g), &(mean, rstd)) in x.chunks_exact(d).zip(g.chunks_exact(d)).zip(&stats) {
             for (((dw, db), &x), &g) in dw.iter_mut().zip(db.iter_mut()).zip(x).zip(g) {
                 *dw += g * (x - mean) * rstd;
                 *db += g;
@@ -218,10 +239,15 @@ impl CustomOp2 for AddBias {
         if b.len() != d {
             bail!("bias add: a bias of {} for rows of {d}", b.len());
         }
-        let mut y = x.to_vec();
+        let mut y = vec![0f32; x.len()];
         y.par_chunks_mut(d)
+            .zip(x.par_chunks(d))
             .with_min_len(MIN_ROWS)
-            .for_each(|y| y.iter_mut().zip(b).for_each(|(y, b)| *y += b));
+            .for_each(|(y, x)| {
+                for ((y, &x), &b) in y.iter_mut().zip(x).zip(b) {
+                    *y = x + b;
+                }
+            });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -319,12 +345,8 @@ impl CustomOp2 for CausalSoftmaxGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let y = contiguous_f32(s1, l1, "causal softmax backward")?;
-        let g = contiguous_f32(s2, l2, "causal softmax backward gradient")?;
+        let (y, g) = same_shape_f32((s1, l1), (s2, l2), "causal softmax backward")?;
         let (t, _) = rows(l1, "causal softmax backward")?;
-        if g.len() != y.len() {
-            bail!("causal softmax backward: shapes disagree");
-        }
         let mut out = vec![0f32; y.len()];
         out.par_chunks_mut(t)
             .zip(y.par_chunks(t).zip(g.par_chunks(t)))
@@ -467,11 +489,7 @@ impl CustomOp2 for GeluErfGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = contiguous_f32(s1, l1, "gelu backward")?;
-        let g = contiguous_f32(s2, l2, "gelu backward gradient")?;
-        if g.len() != x.len() {
-            bail!("gelu backward: shapes disagree");
-        }
+        let (x, g) = same_shape_f32((s1, l1), (s2, l2), "gelu backward")?;
         let mut out = vec![0f32; x.len()];
         out.par_chunks_mut(PIECE)
             .zip(x.par_chunks(PIECE).zip(g.par_chunks(PIECE)))

@@ -11,9 +11,10 @@
 //! 0.02 (the residual projections `0.02 / sqrt(2 * layers)`), biases zero,
 //! layer norms one and zero.
 //!
-//! On the CPU, layer norm, the attention's scaled causal softmax and GELU
-//! are fused kernels with their own backward pass (`fused.rs`); on another
-//! device they are candle's differentiable tensor ops (candle-nn's fused
+//! On the CPU, layer norm, the attention's scaled causal softmax, GELU and
+//! the bias add are fused kernels with their own backward pass
+//! (`fused.rs`); on another device they are candle's differentiable tensor
+//! ops (candle-nn's fused
 //! `layer_norm` and `softmax_last_dim` have no backward pass).
 
 use candle_core::{D, Device, Result as CandleResult, Tensor};
