@@ -116,8 +116,10 @@ pub(crate) trait Links {
         expected: &[Expected],
     ) -> Result<(usize, ChunkHeader, Self::Chunk), CommError>;
     /// Writes a received chunk's values into `into` (its place in the
-    /// buffer): `into[i] += v[i]` when `add`, else a copy.
-    fn apply(&mut self, chunk: Self::Chunk, into: &mut [f32], add: bool);
+    /// buffer): `into[i] += v[i]` when `add`, else a copy. A transport that
+    /// sends straight from the buffer first waits until what it sent from
+    /// `into` is on its way.
+    fn apply(&mut self, chunk: Self::Chunk, into: &mut [f32], add: bool) -> Result<(), CommError>;
 }
 
 /// How an all-reduce moves its segments (see the [module docs](self)).
@@ -317,7 +319,7 @@ pub(crate) fn ring_all_reduce<L: Links>(
                 h.scalar
             };
         }
-        links.apply(values, &mut buf[r.clone()], reduce(recv_step));
+        links.apply(values, &mut buf[r.clone()], reduce(recv_step))?;
         received += 1;
         received_any = true;
         expected.cursor = r.end;
@@ -398,7 +400,7 @@ pub(crate) fn direct_all_reduce<L: Links>(
             if from == 0 && h.offset == seg.start {
                 total = Some(h.scalar);
             }
-            links.apply(values, &mut buf[h.offset..h.offset + h.len], false);
+            links.apply(values, &mut buf[h.offset..h.offset + h.len], false)?;
             continue;
         }
         let t = (from + m - rank) % m - 1;
@@ -411,7 +413,7 @@ pub(crate) fn direct_all_reduce<L: Links>(
                 if rank == 0 && h.offset == mine.start {
                     *scalar += h.scalar;
                 }
-                links.apply(values, &mut buf[h.offset..h.offset + h.len], true);
+                links.apply(values, &mut buf[h.offset..h.offset + h.len], true)?;
             }
             if !complete[turn] {
                 break;

@@ -136,7 +136,7 @@ impl Links for Collective<'_> {
         Ok((i, chunk.header, chunk.values))
     }
 
-    fn apply(&mut self, values: Vec<f32>, into: &mut [f32], add: bool) {
+    fn apply(&mut self, values: Vec<f32>, into: &mut [f32], add: bool) -> Result<(), CommError> {
         if add {
             for (a, b) in into.iter_mut().zip(&values) {
                 *a += *b;
@@ -145,6 +145,7 @@ impl Links for Collective<'_> {
             into.copy_from_slice(&values);
         }
         self.ends.spare.push(values);
+        Ok(())
     }
 }
 

@@ -13,6 +13,7 @@ use std::time::Instant;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
+use super::lent::Lender;
 use super::links::{Link, Outgoing};
 use super::payload::{add_bytes, copy_bytes, encode_for};
 use super::state::{ReduceMsg, Shared, View};
@@ -45,6 +46,22 @@ pub(crate) struct Ring<'a> {
     pub operation: &'static str,
     /// Whether the frames go over the data lane (its payload layout).
     pub lane: bool,
+    /// Chunks sent straight from the caller's buffer, until they are on
+    /// their way ([`super::lent`]).
+    pub lent: Vec<LentChunk>,
+}
+
+/// A chunk lent from the buffer: where (addresses) and to which rank.
+pub(crate) struct LentChunk {
+    at: std::ops::Range<usize>,
+    to: Rank,
+    lender: Lender,
+}
+
+/// The addresses of `values`.
+fn span(values: &[f32]) -> std::ops::Range<usize> {
+    let at = values.as_ptr() as usize;
+    at..at + std::mem::size_of_val(values)
 }
 
 impl Ring<'_> {
@@ -139,10 +156,39 @@ impl Ring<'_> {
         header: Header,
         payload: Vec<u8>,
     ) -> Result<(), CommError> {
-        let msg = Outgoing {
-            header: encode_header(&header),
-            payload: Arc::new(payload),
+        self.queue(
+            to,
+            Outgoing {
+                header: encode_header(&header),
+                payload: Arc::new(payload),
+                lent: None,
+            },
+        )
+    }
+
+    /// Waits until the chunks lent from the buffer where it overlaps
+    /// `into` are on their way (all of them, with `None`); the loans end.
+    fn settle(&mut self, into: Option<std::ops::Range<usize>>) -> Result<(), CommError> {
+        let overlaps = |c: &LentChunk| {
+            into.as_ref()
+                .is_none_or(|r| c.at.start < r.end && r.start < c.at.end)
         };
+        while let Some(i) = self.lent.iter().position(overlaps) {
+            let chunk = self.lent.swap_remove(i);
+            let peer = self.view.members[chunk.to];
+            let (started, wait) = (Instant::now(), self.shared.cfg.peer_timeout);
+            chunk.lender.settle(crate::POLL, || {
+                self.shared.check()?;
+                if self.shared.activity.deadline(&peer, started, wait) <= Instant::now() {
+                    return Err(self.peer_timeout(chunk.to));
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn queue(&self, to: Rank, msg: Outgoing) -> Result<(), CommError> {
         let Some(Some(link)) = self.links.get(to) else {
             return Err(CommError::Misuse(format!(
                 "{} {}: no all-reduce link to rank {to}",
@@ -183,11 +229,15 @@ impl Ring<'_> {
     }
 
     /// Sums `buf` and `scalar` over the ranks ([`crate::ring::Schedule`]).
+    /// On the lane, chunks go straight from `buf` (lent until they are on
+    /// their way; a loan still open when this returns, by an error, is
+    /// revoked as the ring is dropped).
     pub fn run(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
         let chunk = self.shared.cfg.message_floats();
         let (rank, m) = (self.rank, self.view.members.len());
         let schedule = self.shared.cfg.schedule(buf.len(), m);
-        all_reduce(self, schedule, rank, m, chunk, buf, scalar)
+        all_reduce(self, schedule, rank, m, chunk, buf, scalar)?;
+        self.settle(None)
     }
 }
 
@@ -269,6 +319,33 @@ impl Links for Ring<'_> {
     type Chunk = Vec<u8>;
 
     fn send(&mut self, to: Rank, chunk: ChunkHeader, values: &[f32]) -> Result<(), CommError> {
+        if self.lane && cfg!(target_endian = "little") {
+            // Straight from the buffer: the ring writes this place again
+            // only through `apply`, which waits for the loan to end.
+            let header = Header {
+                weight: chunk.scalar,
+                offset: chunk.offset as u64,
+                total: chunk.total as u64,
+                ..self.header(kind_of(chunk.phase), chunk.step, values.len() as u64, 0)
+            };
+            // SAFETY: `values` is the caller's buffer, alive for the ring;
+            // `apply` settles this loan before writing where it lies, and
+            // `run` before returning (dropping the ring revokes it).
+            let (lender, share) = unsafe { Lender::lend(values) };
+            self.lent.push(LentChunk {
+                at: span(values),
+                to,
+                lender,
+            });
+            return self.queue(
+                to,
+                Outgoing {
+                    header: encode_header(&header),
+                    payload: Arc::new(Vec::new()),
+                    lent: Some(share),
+                },
+            );
+        }
         let (payload, sum) = encode_for(self.lane, values, self.shared.pool.take(4 * values.len()));
         let header = Header {
             weight: chunk.scalar,
@@ -284,12 +361,14 @@ impl Links for Ring<'_> {
         Ok((i, chunk_of(&msg.header, expected[i].phase), msg.payload))
     }
 
-    fn apply(&mut self, payload: Vec<u8>, into: &mut [f32], add: bool) {
+    fn apply(&mut self, payload: Vec<u8>, into: &mut [f32], add: bool) -> Result<(), CommError> {
+        self.settle(Some(span(into)))?;
         if add {
             add_bytes(into, &payload);
         } else {
             copy_bytes(into, &payload);
         }
         self.shared.pool.give(payload);
+        Ok(())
     }
 }

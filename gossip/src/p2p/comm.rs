@@ -60,6 +60,9 @@ pub struct P2pComm {
     pub(super) lanes: Option<Arc<Lanes>>,
     /// Joiners of the view just installed, waiting for the state.
     pub(super) pending_joiners: Vec<PeerId>,
+    /// Set during a synchronous push-sum round's send: the share may be
+    /// lent from `x` ([`super::lent`]).
+    pub(super) lend: Option<super::exchange::LendSlot>,
 }
 
 impl P2pComm {

@@ -6,14 +6,83 @@ use std::sync::Arc;
 
 use super::allreduce::Ring;
 use super::comm::P2pComm;
+use super::lent::Lender;
 use super::links::Outgoing;
 use super::payload;
 use super::wait::{Stopped, block_on_active};
 use super::wire::{self, DType, Header, Kind, WIRE_VERSION};
 use crate::ledger::{Ledger, ShareSink, Waiting, check_round, send_half};
+use crate::sync::lock;
 use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank};
 
+/// Where a round's loan of `x` waits for the round to settle it.
+pub(super) type LendSlot = Arc<std::sync::Mutex<Option<Lender>>>;
+
+/// Revokes a round's loan (if still held) when the round is left.
+struct RevokeOnDrop(LendSlot);
+
+impl Drop for RevokeOnDrop {
+    fn drop(&mut self) {
+        drop(lock(&self.0).take());
+    }
+}
+
 impl P2pComm {
+    /// The encoded header of our push-sum share of `round`.
+    fn share_header(&self, round: u64, floats: usize, w: f64, checksum: u64) -> Vec<u8> {
+        wire::encode_header(&Header {
+            version: WIRE_VERSION,
+            run_id: self.shared.cfg.run.run_id.clone(),
+            view: self.view.number,
+            sender: self.shared.local.to_string(),
+            round,
+            kind: Kind::PushSum,
+            dtype: DType::of_share(self.shared.cfg.compress),
+            len: floats as u64,
+            weight: w,
+            checksum,
+            step: 0,
+            offset: 0,
+            total: floats as u64,
+        })
+    }
+
+    /// Waits until the share lent in this round ([`super::lent`]) is on the
+    /// wire to every out-peer, for as long as bytes move to one of them;
+    /// the loan is revoked either way.
+    fn settle_lent(&self, slot: &LendSlot, round: &PushSumRound<'_>) -> Result<(), CommError> {
+        let Some(lender) = lock(slot).take() else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let timeout = self.shared.cfg.peer_timeout;
+        lender.settle(crate::POLL, || {
+            self.shared.check()?;
+            let now = std::time::Instant::now();
+            let silent = |r: &Rank| {
+                self.view
+                    .members
+                    .get(*r)
+                    .is_none_or(|peer| self.shared.activity.deadline(peer, started, timeout) <= now)
+            };
+            match round.out_peers.iter().find(|r| silent(r)) {
+                Some(&rank) if round.out_peers.iter().all(silent) => Err(CommError::PeerTimeout {
+                    peer: self
+                        .view
+                        .members
+                        .get(rank)
+                        .map(|p| p.to_string())
+                        .unwrap_or_default(),
+                    rank,
+                    round: round.round,
+                    operation: "push-sum send",
+                    timeout,
+                }),
+                _ => Ok(()),
+            }
+        })
+    }
+
     fn collect(
         &mut self,
         wait_up_to: Option<u64>,
@@ -86,6 +155,7 @@ impl P2pComm {
             seq: self.seq,
             operation,
             lane: self.lanes.is_some(),
+            lent: Vec::new(),
         };
         let out = f(&mut ring)?;
         self.shared.collective_done();
@@ -106,7 +176,9 @@ impl P2pComm {
 
 /// The network's half of the shared push-sum send path: the share is scaled
 /// and encoded in one pass into a pooled buffer (the payload every out-peer
-/// gets, behind one `Arc`), and queued on each peer's link.
+/// gets, behind one `Arc`), and queued on each peer's link. A synchronous
+/// round on the data lane skips the buffer: `x` is scaled in place and lent
+/// to the lane's writers ([`super::lent`]) until the share is on the wire.
 impl ShareSink for P2pComm {
     type Share = Outgoing;
 
@@ -124,6 +196,26 @@ impl ShareSink for P2pComm {
     ) -> Outgoing {
         let lane = self.lanes.is_some();
         let codec = self.shared.cfg.compress;
+        // A synchronous round on the lane lends the scaled `x` itself
+        // (little-endian `f32`s are their own wire bytes): no share buffer.
+        let slot = self
+            .lend
+            .as_ref()
+            .filter(|_| lane && codec.is_none() && cfg!(target_endian = "little"));
+        if let Some(slot) = slot {
+            for v in x.iter_mut() {
+                *v *= p;
+            }
+            // SAFETY: the round touches `x` again only after settling the
+            // loan (`push_sum`), and revokes it on every way out.
+            let (lender, share) = unsafe { Lender::lend(x) };
+            *lock(slot) = Some(lender);
+            return Outgoing {
+                header: self.share_header(round, x.len(), w, 0),
+                payload: Arc::new(Vec::new()),
+                lent: Some(share),
+            };
+        }
         let buf = self.shared.pool.take(encoded_bytes(codec, x.len()));
         let (payload, sum) = if codec.is_none() {
             payload::scale_and_encode(lane, x, p, buf)
@@ -132,24 +224,10 @@ impl ShareSink for P2pComm {
             let sum = if lane { 0 } else { payload::checksum(&bytes) };
             (bytes, sum)
         };
-        let header = wire::encode_header(&Header {
-            version: WIRE_VERSION,
-            run_id: self.shared.cfg.run.run_id.clone(),
-            view: self.view.number,
-            sender: self.shared.local.to_string(),
-            round,
-            kind: Kind::PushSum,
-            dtype: DType::of_share(codec),
-            len: x.len() as u64,
-            weight: w,
-            checksum: sum,
-            step: 0,
-            offset: 0,
-            total: x.len() as u64,
-        });
         Outgoing {
-            header,
+            header: self.share_header(round, x.len(), w, sum),
             payload: Arc::new(payload),
+            lent: None,
         }
     }
 
@@ -216,7 +294,21 @@ impl Communicator for P2pComm {
         self.runtime()?;
         self.push
             .begin(&self.shared.push_inbox, round.round, round.in_peers)?;
-        send_half(round, x, w, self)?;
+        if round.staleness == 0 {
+            // `x` is not touched again before the shares are added: the
+            // round may lend it. The guard revokes a loan on every way out.
+            let slot = LendSlot::default();
+            let guard = RevokeOnDrop(slot.clone());
+            self.lend = Some(slot.clone());
+            let sent = send_half(round, x, w, self);
+            self.lend = None;
+            let settled = self.settle_lent(&slot, round);
+            drop(guard);
+            sent?;
+            settled?;
+        } else {
+            send_half(round, x, w, self)?;
+        }
         let wait = round.round.checked_sub(round.staleness);
         self.collect(wait, x, w, "push-sum")
     }

@@ -16,6 +16,7 @@ use libp2p::{PeerId, Stream, StreamProtocol};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::lent::LentShare;
 use super::state::Shared;
 use super::wire::{READY, write_frame};
 
@@ -25,6 +26,9 @@ use super::wire::{READY, write_frame};
 pub(crate) struct Outgoing {
     pub header: Vec<u8>,
     pub payload: Arc<Vec<u8>>,
+    /// Instead of `payload` (then empty): a push-sum share lent from the
+    /// caller's parameters ([`super::lent`]).
+    pub lent: Option<LentShare>,
 }
 
 /// The sending end of a link.
@@ -94,6 +98,16 @@ pub(crate) async fn run_link(
         Some(m) => Some(m),
         None => rx.recv().await,
     } {
+        if let Some(lent) = msg.lent.take() {
+            // The streams write owned bytes.
+            match lent.to_vec(&shared.pool) {
+                Ok(bytes) => msg.payload = Arc::new(bytes),
+                Err(e) => {
+                    tracing::error!(%peer, "a share to {peer} was not sent: {e}");
+                    continue;
+                }
+            }
+        }
         if fill_checksum {
             match with_checksum(&msg) {
                 Ok(header) => msg.header = header,

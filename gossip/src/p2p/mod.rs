@@ -48,6 +48,7 @@ mod gather;
 mod identity;
 mod inbound;
 pub mod lane;
+pub(crate) mod lent;
 mod links;
 mod membership;
 mod nat;

@@ -227,6 +227,7 @@ impl PendingJoin {
             board: self.board.clone(),
             lanes: self.lanes.clone(),
             pending_joiners: Vec::new(),
+            lend: None,
         })
     }
 }

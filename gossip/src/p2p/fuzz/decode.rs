@@ -161,13 +161,14 @@ impl Links for FuzzLinks<'_> {
         Err(CommError::Protocol("too many frames".into()))
     }
 
-    fn apply(&mut self, payload: Vec<u8>, into: &mut [f32], add: bool) {
+    fn apply(&mut self, payload: Vec<u8>, into: &mut [f32], add: bool) -> Result<(), CommError> {
         assert_eq!(payload.len(), 4 * into.len(), "chunk length");
         if add {
             add_bytes(into, &payload);
         } else {
             copy_bytes(into, &payload);
         }
+        Ok(())
     }
 }
 

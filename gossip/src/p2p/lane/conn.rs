@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::crypto::{SESSION_ID, TAG, random};
 use super::frame::{FrameHeader, FrameKind, HEADER, RECORD};
-use super::{DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
+use super::{Bytes, DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
 use crate::Rank;
 use crate::p2p::config::P2pConfig;
 use crate::p2p::inbound::{self, Active, check_header, view_for};
@@ -37,6 +37,8 @@ const HELLO: usize = 8 + 1 + 1 + 2 + SESSION_ID + 16 + 32;
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The byte that confirms an end frame.
 const DONE: u8 = 0x5a;
+/// Bytes of a plaintext payload read (and scanned) at a time.
+const SCAN_PIECE: usize = 128 << 10;
 /// Name of the lane in logs and rejection counts.
 pub(crate) const LANE: &str = "data-lane";
 
@@ -175,19 +177,55 @@ async fn write_loop(
                 record.extend_from_slice(&tag);
             }
             stream.write_all(&record).await?;
-            if let Some(p) = &payload {
-                for piece in p[range.clone()].chunks(RECORD) {
-                    if encrypted {
-                        record.clear();
-                        record.extend_from_slice(piece);
-                        let tag = sealer.seal(&mut record);
-                        record.extend_from_slice(&tag);
-                        stream.write_all(&record).await?;
-                    } else {
-                        stream.write_all(piece).await?;
+            match &payload {
+                Some(Bytes::Owned(p)) => {
+                    for piece in p[range.clone()].chunks(RECORD) {
+                        if encrypted {
+                            record.clear();
+                            record.extend_from_slice(piece);
+                            let tag = sealer.seal(&mut record);
+                            record.extend_from_slice(&tag);
+                            stream.write_all(&record).await?;
+                        } else {
+                            stream.write_all(piece).await?;
+                        }
+                        shared.activity.touch(&peer);
                     }
-                    shared.activity.touch(&peer);
                 }
+                Some(Bytes::Lent(lent)) if !encrypted => {
+                    // Straight from the lent bytes into the socket: one
+                    // non-blocking write at a time under the loan's lock.
+                    let mut at = range.start;
+                    while at < range.end {
+                        stream.writable().await?;
+                        let wrote = lent
+                            .with_bytes(at..range.end, |b| stream.try_write(b))
+                            .map_err(std::io::Error::other)?;
+                        match wrote {
+                            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                            Ok(n) => at += n,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(e) => return Err(e),
+                        }
+                        shared.activity.touch(&peer);
+                    }
+                }
+                Some(Bytes::Lent(lent)) => {
+                    // Copied a record at a time into the record buffer,
+                    // which stays in the cache for the seal and the socket.
+                    for start in range.clone().step_by(RECORD) {
+                        let end = (start + RECORD).min(range.end);
+                        lent.copy_into(start..end, &mut record)
+                            .map_err(std::io::Error::other)?;
+                        if encrypted {
+                            let tag = sealer.seal(&mut record);
+                            record.extend_from_slice(&tag);
+                        }
+                        stream.write_all(&record).await?;
+                        shared.activity.touch(&peer);
+                    }
+                }
+                None => {}
             }
             stream.flush().await
         }
@@ -199,7 +237,7 @@ async fn write_loop(
             shared.counters.sent(bytes);
             shared.observed.sent(&peer, bytes);
         }
-        if let Some(p) = payload
+        if let Some(Bytes::Owned(p)) = payload
             && let Ok(buf) = Arc::try_unwrap(p)
         {
             shared.pool.give(buf);
@@ -406,7 +444,11 @@ impl Reader<'_> {
     /// payloads are scanned for infinities and NaNs record by record.
     async fn payload(&mut self, buf: &mut [u8], floats: bool) -> Result<(), Stop> {
         let mut at = 0;
-        for piece in buf.chunks_mut(RECORD) {
+        // Sealed records are read whole; plaintext bytes in pieces small
+        // enough that the scan reads them from the cache the socket's copy
+        // left them in.
+        let piece = if self.encrypted { RECORD } else { SCAN_PIECE };
+        for piece in buf.chunks_mut(piece) {
             self.record(piece).await?;
             if floats
                 && has_non_finite(piece)

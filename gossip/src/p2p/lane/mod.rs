@@ -16,9 +16,14 @@
 //!
 //! A message (a push-sum share or an all-reduce chunk) is cut into up to K
 //! parts, one per connection, each a fixed binary header ([`frame`]) and the
-//! payload in records of 1 MiB. The receiver reads each record into the
-//! part's own buffer and opens it there; push-sum parts are added straight
-//! from their buffers, all-reduce parts are handed on in the sender's order.
+//! payload in records of 1 MiB. A synchronous push-sum share is not copied
+//! into a buffer first: the writers read it from the caller's scaled
+//! parameters, lent for the round ([`super::lent`]), each sealed record
+//! through the cache-sized record buffer, plaintext straight into the
+//! socket. The receiver reads each record into the part's own buffer and
+//! opens it there (plaintext in 128 KiB pieces, scanned for non-finite
+//! values while in the cache); push-sum parts are added straight from their
+//! buffers, all-reduce parts are handed on in the sender's order.
 //! There is no checksum: the records are authenticated. Sizes, shapes, run,
 //! view, round window and finiteness are checked as on the libp2p streams
 //! ([`super::inbound::check_header`]).
@@ -42,6 +47,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 pub use super::config::{DataLane, MAX_CONNECTIONS, default_connections};
+use super::lent::LentShare;
 use super::links::{Link, Outgoing};
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{DType, Header, Kind};
@@ -54,11 +60,28 @@ pub(crate) use order::{ReduceOrder, ShareAssembly};
 const MIN_PART: usize = 256 << 10;
 /// Frames a connection's writer may hold queued.
 const WRITER_QUEUE: usize = 2;
+/// A frame's payload bytes: a buffer, or a share lent from the caller's
+/// parameters ([`super::lent`]), copied a record at a time as it is written.
+#[derive(Clone)]
+pub(crate) enum Bytes {
+    Owned(Arc<Vec<u8>>),
+    Lent(LentShare),
+}
+
+impl Bytes {
+    fn len(&self) -> usize {
+        match self {
+            Bytes::Owned(b) => b.len(),
+            Bytes::Lent(l) => l.len(),
+        }
+    }
+}
+
 /// One part to write on a connection.
 pub(crate) enum Job {
     Frame {
         header: FrameHeader,
-        payload: Arc<Vec<u8>>,
+        payload: Bytes,
         range: std::ops::Range<usize>,
     },
     /// Writes the end frame and waits for the receiver's confirmation.
@@ -441,7 +464,7 @@ impl Session {
     }
 
     /// Cuts a tensor frame into parts and queues them on our connections.
-    async fn send(&self, h: &Header, payload: Arc<Vec<u8>>) -> Result<(), String> {
+    async fn send(&self, h: &Header, payload: Bytes) -> Result<(), String> {
         let writers = lock(&self.writers).clone();
         if writers.is_empty() {
             return Err("the lane has no connections".into());
@@ -662,7 +685,11 @@ async fn run_link(
         match header {
             // The writers count the bytes as they go on the wire.
             Ok(h) => {
-                if let Err(e) = session.send(&h, msg.payload.clone()).await {
+                let payload = match msg.lent.clone() {
+                    Some(lent) => Bytes::Lent(lent),
+                    None => Bytes::Owned(msg.payload.clone()),
+                };
+                if let Err(e) = session.send(&h, payload).await {
                     tracing::error!(%peer, "dropped a frame to {peer}: {e}");
                 }
             }

@@ -28,7 +28,7 @@ impl Session {
             };
             let job = Job::Frame {
                 header,
-                payload: payload.clone(),
+                payload: super::Bytes::Owned(payload.clone()),
                 range,
             };
             writers[(first + part) % writers.len()]
