@@ -62,7 +62,7 @@ pub struct P2pComm {
     pub(super) pending_joiners: Vec<PeerId>,
     /// Set during a synchronous push-sum round's send: the share may be
     /// lent from `x` ([`super::lent`]).
-    pub(super) lend: Option<super::exchange::LendSlot>,
+    pub(super) lend: Option<super::lent::LendSlot>,
 }
 
 impl P2pComm {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::allreduce::Ring;
 use super::comm::P2pComm;
-use super::lent::Lender;
+use super::lent::{LendSlot, Lender};
 use super::links::Outgoing;
 use super::payload;
 use super::wait::{Stopped, block_on_active};
@@ -14,9 +14,6 @@ use super::wire::{self, DType, Header, Kind, WIRE_VERSION};
 use crate::ledger::{Ledger, ShareSink, Waiting, check_round, send_half};
 use crate::sync::lock;
 use crate::{CommError, CommStats, Communicator, PushSumMass, PushSumRound, Rank};
-
-/// Where a round's loan of `x` waits for the round to settle it.
-pub(super) type LendSlot = Arc<std::sync::Mutex<Option<Lender>>>;
 
 /// Revokes a round's loan (if still held) when the round is left.
 struct RevokeOnDrop(LendSlot);

@@ -41,6 +41,9 @@ struct Loan {
     released: Condvar,
 }
 
+/// Where a push-sum round's loan of `x` waits for the round to settle it.
+pub(crate) type LendSlot = Arc<Mutex<Option<Lender>>>;
+
 /// The lender's side: revokes the loan when dropped.
 pub(crate) struct Lender {
     loan: Arc<Loan>,
