@@ -45,8 +45,8 @@ impl P2pComm {
     }
 
     /// Waits until the share lent in this round ([`super::lent`]) is on the
-    /// wire to every out-peer, for as long as bytes move to one of them;
-    /// the loan is revoked either way.
+    /// wire to every out-peer, for as long as none of them is silent for the
+    /// peer timeout; the loan is revoked either way.
     fn settle_lent(&self, slot: &LendSlot, round: &PushSumRound<'_>) -> Result<(), CommError> {
         let Some(lender) = lock(slot).take() else {
             return Ok(());
@@ -63,7 +63,9 @@ impl P2pComm {
                     .is_none_or(|peer| self.shared.activity.deadline(peer, started, timeout) <= now)
             };
             match round.out_peers.iter().find(|r| silent(r)) {
-                Some(&rank) if round.out_peers.iter().all(silent) => Err(CommError::PeerTimeout {
+                // An out-peer silent for the whole timeout holds the
+                // round up: it is gone, as a send to it would find.
+                Some(&rank) => Err(CommError::PeerTimeout {
                     peer: self
                         .view
                         .members
@@ -75,7 +77,7 @@ impl P2pComm {
                     operation: "push-sum send",
                     timeout,
                 }),
-                _ => Ok(()),
+                None => Ok(()),
             }
         })
     }
