@@ -192,6 +192,7 @@ mod tests {
 
     #[test]
     fn holders_copy_until_the_lender_settles_and_never_after() {
+        use std::sync::atomic::{AtomicBool, Ordering};
         let x = vec![1.0f32, 2.0, 3.0, 4.0];
         // SAFETY: `x` outlives the lender and is not changed.
         let (lender, share) = unsafe { Lender::lend(&x) };
@@ -199,23 +200,23 @@ mod tests {
         let mut out = Vec::new();
         share.copy_into(4..12, &mut out).unwrap();
         assert_eq!(out, [2.0f32.to_le_bytes(), 3.0f32.to_le_bytes()].concat());
+        let copied = Arc::new(AtomicBool::new(false));
+        let flag = copied.clone();
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
             let mut out = Vec::new();
             other.copy_into(0..16, &mut out).unwrap();
+            flag.store(true, Ordering::SeqCst);
+            drop(other);
             out.len()
         });
         drop(share);
-        let mut polls = 0;
         lender
-            .settle(Duration::from_millis(5), || {
-                polls += 1;
-                Ok::<(), ()>(())
-            })
+            .settle(Duration::from_millis(5), || Ok::<(), ()>(()))
             .unwrap();
         // Settled only once the last holder had copied and let go.
+        assert!(copied.load(Ordering::SeqCst));
         assert_eq!(writer.join().unwrap(), 16);
-        assert!(polls >= 1);
     }
 
     #[test]
