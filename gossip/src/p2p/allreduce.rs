@@ -14,7 +14,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
 use super::lent::Lender;
-use super::links::{Link, Outgoing};
+use super::links::{Link, Outgoing, Payload};
 use super::payload::{add_bytes, copy_bytes, encode_for};
 use super::state::{ReduceMsg, Shared, View};
 use super::wait::{Stopped, block_on_active};
@@ -160,8 +160,7 @@ impl Ring<'_> {
             to,
             Outgoing {
                 header: encode_header(&header),
-                payload: Arc::new(payload),
-                lent: None,
+                payload: Payload::Owned(Arc::new(payload)),
             },
         )
     }
@@ -341,8 +340,7 @@ impl Links for Ring<'_> {
                 to,
                 Outgoing {
                     header: encode_header(&header),
-                    payload: Arc::new(Vec::new()),
-                    lent: Some(share),
+                    payload: Payload::Lent(share),
                 },
             );
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::allreduce::Ring;
 use super::comm::P2pComm;
 use super::lent::{LendSlot, Lender};
-use super::links::Outgoing;
+use super::links::{Outgoing, Payload};
 use super::payload;
 use super::wait::{Stopped, block_on_active};
 use super::wire::{self, DType, Header, Kind, WIRE_VERSION};
@@ -211,8 +211,7 @@ impl ShareSink for P2pComm {
             *lock(slot) = Some(lender);
             return Outgoing {
                 header: self.share_header(round, x.len(), w, 0),
-                payload: Arc::new(Vec::new()),
-                lent: Some(share),
+                payload: Payload::Lent(share),
             };
         }
         let buf = self.shared.pool.take(encoded_bytes(codec, x.len()));
@@ -225,8 +224,7 @@ impl ShareSink for P2pComm {
         };
         Outgoing {
             header: self.share_header(round, x.len(), w, sum),
-            payload: Arc::new(payload),
-            lent: None,
+            payload: Payload::Owned(Arc::new(payload)),
         }
     }
 

@@ -8,6 +8,7 @@
 //! read our end of stream: closing a link therefore tells us that everything
 //! we sent was read.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,8 @@ use libp2p::{PeerId, Stream, StreamProtocol};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::lent::LentShare;
+use super::lent::{LentShare, Revoked};
+use super::payload::BufferPool;
 use super::state::Shared;
 use super::wire::{READY, write_frame};
 
@@ -25,10 +27,55 @@ use super::wire::{READY, write_frame};
 #[derive(Clone)]
 pub(crate) struct Outgoing {
     pub header: Vec<u8>,
-    pub payload: Arc<Vec<u8>>,
-    /// Instead of `payload` (then empty): a push-sum share lent from the
-    /// caller's parameters ([`super::lent`]).
-    pub lent: Option<LentShare>,
+    pub payload: Payload,
+}
+
+/// A frame's payload bytes: a pooled buffer, or the caller's own buffer
+/// lent until the frame is on its way ([`super::lent`]).
+#[derive(Clone)]
+pub(crate) enum Payload {
+    Owned(Arc<Vec<u8>>),
+    Lent(LentShare),
+}
+
+impl Payload {
+    /// Bytes of the payload.
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Owned(b) => b.len(),
+            Payload::Lent(l) => l.len(),
+        }
+    }
+
+    /// Copies the bytes of `range` into `out` (cleared first).
+    pub fn copy_into(&self, range: Range<usize>, out: &mut Vec<u8>) -> Result<(), Revoked> {
+        match self {
+            Payload::Owned(b) => {
+                out.clear();
+                out.extend_from_slice(&b[range]);
+                Ok(())
+            }
+            Payload::Lent(l) => l.copy_into(range, out),
+        }
+    }
+
+    /// The bytes in a buffer of their own (a lent payload copied into one
+    /// from `pool`), for writers that need them owned.
+    pub fn owned(&self, pool: &BufferPool) -> Result<Arc<Vec<u8>>, Revoked> {
+        match self {
+            Payload::Owned(b) => Ok(b.clone()),
+            Payload::Lent(l) => l.to_vec(pool).map(Arc::new),
+        }
+    }
+
+    /// Hands a pooled buffer back to `pool` if this was its last holder.
+    pub fn recycle(self, pool: &BufferPool) {
+        if let Payload::Owned(b) = self
+            && let Ok(buf) = Arc::try_unwrap(b)
+        {
+            pool.give(buf);
+        }
+    }
 }
 
 /// The sending end of a link.
@@ -98,18 +145,16 @@ pub(crate) async fn run_link(
         Some(m) => Some(m),
         None => rx.recv().await,
     } {
-        if let Some(lent) = msg.lent.take() {
-            // The streams write owned bytes.
-            match lent.to_vec(&shared.pool) {
-                Ok(bytes) => msg.payload = Arc::new(bytes),
-                Err(e) => {
-                    tracing::error!(%peer, "a share to {peer} was not sent: {e}");
-                    continue;
-                }
+        // The streams write owned bytes.
+        let payload = match msg.payload.owned(&shared.pool) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::error!(%peer, "a frame to {peer} was not sent: {e}");
+                continue;
             }
-        }
+        };
         if fill_checksum {
-            match with_checksum(&msg) {
+            match with_checksum(&msg.header, &payload) {
                 Ok(header) => msg.header = header,
                 Err(e) => {
                     tracing::error!(%peer, "a frame to {peer} has a bad header: {e}");
@@ -117,11 +162,19 @@ pub(crate) async fn run_link(
                 }
             }
         }
-        send_one(&shared, &mut control, peer, &protocol, &mut stream, &msg).await;
+        send_one(
+            &shared,
+            &mut control,
+            peer,
+            &protocol,
+            &mut stream,
+            &msg.header,
+            &payload,
+        )
+        .await;
         // The last link done with a payload hands its buffer back.
-        if let Ok(buf) = Arc::try_unwrap(msg.payload) {
-            shared.pool.give(buf);
-        }
+        drop(msg);
+        Payload::Owned(payload).recycle(&shared.pool);
     }
     if let Some(mut s) = stream {
         goodbye(
@@ -142,11 +195,12 @@ async fn send_one(
     peer: PeerId,
     protocol: &StreamProtocol,
     stream: &mut Option<Stream>,
-    msg: &Outgoing,
+    header: &[u8],
+    payload: &[u8],
 ) {
     let give_up_after = shared.cfg.peer_timeout;
     let started = Instant::now();
-    let bytes = (msg.header.len() + msg.payload.len()) as u64;
+    let bytes = (header.len() + payload.len()) as u64;
     loop {
         if stream.is_none() {
             match open(control, peer, protocol).await {
@@ -164,7 +218,7 @@ async fn send_one(
         }
         let s = stream.as_mut().expect("stream opened above");
         let mut progress = || shared.activity.touch(&peer);
-        match write_frame(s, &msg.header, &msg.payload[..], &mut progress).await {
+        match write_frame(s, header, payload, &mut progress).await {
             Ok(()) => {
                 shared.counters.sent(bytes);
                 shared.observed.sent(&peer, bytes);
@@ -185,10 +239,10 @@ async fn send_one(
 }
 
 /// The frame's header with the payload's checksum filled in.
-fn with_checksum(msg: &Outgoing) -> Result<Vec<u8>, String> {
+fn with_checksum(header: &[u8], payload: &[u8]) -> Result<Vec<u8>, String> {
     let mut header: super::wire::Header =
-        cbor4ii::serde::from_slice(&msg.header[4..]).map_err(|e| format!("decoding it: {e}"))?;
-    header.checksum = super::payload::checksum(&msg.payload);
+        cbor4ii::serde::from_slice(&header[4..]).map_err(|e| format!("decoding it: {e}"))?;
+    header.checksum = super::payload::checksum(payload);
     Ok(super::wire::encode_header(&header))
 }
 

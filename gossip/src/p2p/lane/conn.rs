@@ -19,10 +19,11 @@ use tokio::sync::mpsc;
 
 use super::crypto::{SESSION_ID, TAG, random};
 use super::frame::{FrameHeader, FrameKind, HEADER, RECORD};
-use super::{Bytes, DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
+use super::{DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
 use crate::Rank;
 use crate::p2p::config::P2pConfig;
 use crate::p2p::inbound::{self, Active, check_header, view_for};
+use crate::p2p::links::Payload;
 use crate::p2p::payload::{first_non_finite, has_non_finite};
 use crate::p2p::state::{ReduceMsg, Shared, View};
 use crate::p2p::wire::{
@@ -178,21 +179,26 @@ async fn write_loop(
             }
             stream.write_all(&record).await?;
             match &payload {
-                Some(Bytes::Owned(p)) => {
-                    for piece in p[range.clone()].chunks(RECORD) {
-                        if encrypted {
-                            record.clear();
-                            record.extend_from_slice(piece);
-                            let tag = sealer.seal(&mut record);
-                            record.extend_from_slice(&tag);
-                            stream.write_all(&record).await?;
-                        } else {
-                            stream.write_all(piece).await?;
-                        }
+                Some(p) if encrypted => {
+                    // Each record copied into the record buffer, which
+                    // stays in the cache for the seal and the socket.
+                    for start in range.clone().step_by(RECORD) {
+                        let end = (start + RECORD).min(range.end);
+                        p.copy_into(start..end, &mut record)
+                            .map_err(std::io::Error::other)?;
+                        let tag = sealer.seal(&mut record);
+                        record.extend_from_slice(&tag);
+                        stream.write_all(&record).await?;
                         shared.activity.touch(&peer);
                     }
                 }
-                Some(Bytes::Lent(lent)) if !encrypted => {
+                Some(Payload::Owned(p)) => {
+                    for piece in p[range.clone()].chunks(RECORD) {
+                        stream.write_all(piece).await?;
+                        shared.activity.touch(&peer);
+                    }
+                }
+                Some(Payload::Lent(lent)) => {
                     // Straight from the lent bytes into the socket: one
                     // non-blocking write at a time under the loan's lock.
                     let mut at = range.start;
@@ -210,21 +216,6 @@ async fn write_loop(
                         shared.activity.touch(&peer);
                     }
                 }
-                Some(Bytes::Lent(lent)) => {
-                    // Copied a record at a time into the record buffer,
-                    // which stays in the cache for the seal and the socket.
-                    for start in range.clone().step_by(RECORD) {
-                        let end = (start + RECORD).min(range.end);
-                        lent.copy_into(start..end, &mut record)
-                            .map_err(std::io::Error::other)?;
-                        if encrypted {
-                            let tag = sealer.seal(&mut record);
-                            record.extend_from_slice(&tag);
-                        }
-                        stream.write_all(&record).await?;
-                        shared.activity.touch(&peer);
-                    }
-                }
                 None => {}
             }
             stream.flush().await
@@ -237,10 +228,8 @@ async fn write_loop(
             shared.counters.sent(bytes);
             shared.observed.sent(&peer, bytes);
         }
-        if let Some(Bytes::Owned(p)) = payload
-            && let Ok(buf) = Arc::try_unwrap(p)
-        {
-            shared.pool.give(buf);
+        if let Some(p) = payload {
+            p.recycle(&shared.pool);
         }
         if let Err(e) = result {
             if !shared.stopping.load(Ordering::Relaxed) {

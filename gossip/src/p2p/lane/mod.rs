@@ -47,8 +47,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 pub use super::config::{DataLane, MAX_CONNECTIONS, default_connections};
-use super::lent::LentShare;
-use super::links::{Link, Outgoing};
+use super::links::{Link, Outgoing, Payload};
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{DType, Header, Kind};
 use crate::sync::lock;
@@ -60,28 +59,11 @@ pub(crate) use order::{ReduceOrder, ShareAssembly};
 const MIN_PART: usize = 256 << 10;
 /// Frames a connection's writer may hold queued.
 const WRITER_QUEUE: usize = 2;
-/// A frame's payload bytes: a buffer, or a share lent from the caller's
-/// parameters ([`super::lent`]), copied a record at a time as it is written.
-#[derive(Clone)]
-pub(crate) enum Bytes {
-    Owned(Arc<Vec<u8>>),
-    Lent(LentShare),
-}
-
-impl Bytes {
-    fn len(&self) -> usize {
-        match self {
-            Bytes::Owned(b) => b.len(),
-            Bytes::Lent(l) => l.len(),
-        }
-    }
-}
-
 /// One part to write on a connection.
 pub(crate) enum Job {
     Frame {
         header: FrameHeader,
-        payload: Bytes,
+        payload: Payload,
         range: std::ops::Range<usize>,
     },
     /// Writes the end frame and waits for the receiver's confirmation.
@@ -464,7 +446,7 @@ impl Session {
     }
 
     /// Cuts a tensor frame into parts and queues them on our connections.
-    async fn send(&self, h: &Header, payload: Bytes) -> Result<(), String> {
+    async fn send(&self, h: &Header, payload: Payload) -> Result<(), String> {
         let writers = lock(&self.writers).clone();
         if writers.is_empty() {
             return Err("the lane has no connections".into());
@@ -607,9 +589,7 @@ async fn wait_direct(shared: &Shared, peer: &PeerId) -> bool {
 async fn drain(shared: &Shared, first: Option<Outgoing>, rx: &mut mpsc::Receiver<Outgoing>) {
     drop(first);
     while let Some(msg) = rx.recv().await {
-        if let Ok(buf) = Arc::try_unwrap(msg.payload) {
-            shared.pool.give(buf);
-        }
+        msg.payload.recycle(&shared.pool);
     }
 }
 
@@ -685,11 +665,7 @@ async fn run_link(
         match header {
             // The writers count the bytes as they go on the wire.
             Ok(h) => {
-                let payload = match msg.lent.clone() {
-                    Some(lent) => Bytes::Lent(lent),
-                    None => Bytes::Owned(msg.payload.clone()),
-                };
-                if let Err(e) = session.send(&h, payload).await {
+                if let Err(e) = session.send(&h, msg.payload.clone()).await {
                     tracing::error!(%peer, "dropped a frame to {peer}: {e}");
                 }
             }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::frame::{FrameHeader, FrameKind};
 use super::{Job, MIN_PART, Session};
 use crate::p2p::comm::P2pComm;
+use crate::p2p::links::Payload;
 use crate::{CommError, Rank};
 
 impl Session {
@@ -28,7 +29,7 @@ impl Session {
             };
             let job = Job::Frame {
                 header,
-                payload: super::Bytes::Owned(payload.clone()),
+                payload: Payload::Owned(payload.clone()),
                 range,
             };
             writers[(first + part) % writers.len()]
