@@ -244,6 +244,10 @@ pub struct CommStats {
     pub messages_received: u64,
     /// Messages refused by validation (bad shape, run id, non-finite, ...).
     pub messages_dropped: u64,
+    /// All-reduce parts written into the caller's buffer as they arrived
+    /// (the data lane), not read into a buffer of their own first.
+    #[serde(default)]
+    pub parts_landed: u64,
 }
 
 /// Push-sum mass a rank has sent and added so far: after a drain, the

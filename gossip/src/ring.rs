@@ -120,6 +120,22 @@ pub(crate) trait Links {
     /// sends straight from the buffer first waits until what it sent from
     /// `into` is on its way.
     fn apply(&mut self, chunk: Self::Chunk, into: &mut [f32], add: bool) -> Result<(), CommError>;
+    /// Receives the next chunk of `expected` (one sender) into its place:
+    /// `rest` is the buffer from `expected.cursor` to the segment's end,
+    /// where the chunk lands (`rest[i] += v[i]` when `add`, else a copy).
+    /// Returns its header. A transport may write it there as it arrives.
+    fn recv_into(
+        &mut self,
+        expected: &Expected,
+        rest: &mut [f32],
+        add: bool,
+    ) -> Result<ChunkHeader, CommError> {
+        let (_, h, values) = self.recv(std::slice::from_ref(expected))?;
+        // `Expected::check` passed: the chunk starts at the cursor and ends
+        // inside the segment.
+        self.apply(values, &mut rest[..h.len], add)?;
+        Ok(h)
+    }
 }
 
 /// How an all-reduce moves its segments (see the [module docs](self)).
@@ -309,7 +325,8 @@ pub(crate) fn ring_all_reduce<L: Links>(
                 "ring all-reduce: rank {rank} has nothing to send or receive at step {send_step}"
             )));
         }
-        let (_, h, values) = links.recv(std::slice::from_ref(&expected))?;
+        let rest = &mut buf[expected.cursor..expected.segment.end];
+        let h = links.recv_into(&expected, rest, reduce(recv_step))?;
         let r = h.offset..h.offset + h.len;
         let seg_start = expected.segment.start;
         if recv_seg(recv_step) == 0 && h.offset == seg_start {
@@ -319,7 +336,6 @@ pub(crate) fn ring_all_reduce<L: Links>(
                 h.scalar
             };
         }
-        links.apply(values, &mut buf[r.clone()], reduce(recv_step))?;
         received += 1;
         received_any = true;
         expected.cursor = r.end;

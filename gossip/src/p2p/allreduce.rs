@@ -2,6 +2,10 @@
 //! are frames of `all-reduce/1` (or lane frames) to a rank, read back from
 //! the reduce inbox and checked against what the schedule expects.
 //!
+//! On the data lane a ring's chunks go straight from the caller's buffer
+//! (lent, [`super::lent`]) and the parts it waits for land there as they
+//! are read ([`super::landing`]).
+//!
 //! Memory: a segment moves in chunks of at most `chunk_floats`; a rank holds
 //! at most a few chunks in flight per link (one queued for sending, one
 //! being written, one being read, one waiting to be added), and a direct
@@ -13,6 +17,7 @@ use std::time::Instant;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
+use super::landing::Landing;
 use super::lent::Lender;
 use super::links::{Link, Outgoing, Payload};
 use super::payload::{add_bytes, copy_bytes, encode_for};
@@ -215,6 +220,13 @@ impl Ring<'_> {
             let verdict = chunk_verdict(&msg.header, msg.from, self.seq, expected, self.operation)?;
             match verdict {
                 Ok(i) => return Ok((i, msg)),
+                // Written into the buffer already: not a part to drop.
+                Err(reason) if msg.landed && msg.header.round == self.seq => {
+                    return Err(CommError::Protocol(format!(
+                        "{} {}: rank {} sent a part it had sent before: {reason}",
+                        self.operation, self.seq, msg.from
+                    )));
+                }
                 Err(reason) => {
                     let peer = self.view.members[msg.from];
                     self.shared.reject(
@@ -235,8 +247,24 @@ impl Ring<'_> {
         let chunk = self.shared.cfg.message_floats();
         let (rank, m) = (self.rank, self.view.members.len());
         let schedule = self.shared.cfg.schedule(buf.len(), m);
+        // Parts stop landing in `buf` when this returns, by error too.
+        let _close = CloseOnDrop(&self.shared.landing);
         all_reduce(self, schedule, rank, m, chunk, buf, scalar)?;
         self.settle(None)
+    }
+
+    /// Whether parts may land in the buffer as they arrive.
+    fn lands(&self) -> bool {
+        self.lane && cfg!(target_endian = "little")
+    }
+}
+
+/// Closes the landing zone when dropped.
+struct CloseOnDrop<'a>(&'a Landing);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -356,7 +384,56 @@ impl Links for Ring<'_> {
 
     fn recv(&mut self, expected: &[Expected]) -> Result<(usize, ChunkHeader, Vec<u8>), CommError> {
         let (i, msg) = self.recv_chunk(expected)?;
+        if msg.landed {
+            // Only `recv_into` opens a zone for parts to land in.
+            return Err(CommError::Protocol(format!(
+                "{} {}: a part from rank {} landed where no chunk was awaited",
+                self.operation, self.seq, msg.from
+            )));
+        }
         Ok((i, chunk_of(&msg.header, expected[i].phase), msg.payload))
+    }
+
+    fn recv_into(
+        &mut self,
+        expected: &Expected,
+        rest: &mut [f32],
+        add: bool,
+    ) -> Result<ChunkHeader, CommError> {
+        if !self.lands() {
+            let (_, h, values) = self.recv(std::slice::from_ref(expected))?;
+            self.apply(values, &mut rest[..h.len], add)?;
+            return Ok(h);
+        }
+        // Nothing sent from there may still be on its way.
+        self.settle(Some(span(rest)))?;
+        // SAFETY: `rest` is the ring's buffer, alive until `run` returns,
+        // which closes the zone first; the ring sends only parts it already
+        // received (below the cursor) and adds a part that came the old way
+        // only where no reader claimed (checked below).
+        unsafe {
+            self.shared
+                .landing
+                .expect(self.view.number, self.seq, expected, rest, add)
+        };
+        let (_, msg) = self.recv_chunk(std::slice::from_ref(expected))?;
+        let h = chunk_of(&msg.header, expected.phase);
+        if msg.landed {
+            return Ok(h);
+        }
+        if !self.shared.landing.reserve(&(h.offset..h.offset + h.len)) {
+            self.shared.pool.give(msg.payload);
+            return Err(CommError::Protocol(format!(
+                "{} {}: rank {} sent the part at {}..{} twice",
+                self.operation,
+                self.seq,
+                msg.from,
+                h.offset,
+                h.offset + h.len
+            )));
+        }
+        self.apply(msg.payload, &mut rest[..h.len], add)?;
+        Ok(h)
     }
 
     fn apply(&mut self, payload: Vec<u8>, into: &mut [f32], add: bool) -> Result<(), CommError> {

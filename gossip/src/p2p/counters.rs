@@ -21,6 +21,7 @@ pub(crate) struct Counters {
     messages_sent: AtomicU64,
     messages_received: AtomicU64,
     messages_dropped: AtomicU64,
+    parts_landed: AtomicU64,
 }
 
 impl Counters {
@@ -38,6 +39,11 @@ impl Counters {
         self.messages_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// An all-reduce part went straight into the ring's buffer.
+    pub fn landed(&self) {
+        self.parts_landed.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> CommStats {
         CommStats {
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
@@ -45,6 +51,7 @@ impl Counters {
             messages_sent: self.messages_sent.load(Ordering::Relaxed),
             messages_received: self.messages_received.load(Ordering::Relaxed),
             messages_dropped: self.messages_dropped.load(Ordering::Relaxed),
+            parts_landed: self.parts_landed.load(Ordering::Relaxed),
         }
     }
 }

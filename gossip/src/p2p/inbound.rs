@@ -183,6 +183,7 @@ async fn serve_one(
             from,
             header,
             payload,
+            landed: false,
         };
         if shared.reduce_tx.send(msg).await.is_err() {
             return Err(ReadError::Io(std::io::Error::other(

@@ -47,6 +47,7 @@ pub mod fuzz;
 mod gather;
 mod identity;
 mod inbound;
+mod landing;
 pub mod lane;
 pub(crate) mod lent;
 mod links;

@@ -53,6 +53,9 @@ pub(crate) struct ReduceMsg {
     pub from: Rank,
     pub header: Header,
     pub payload: Vec<u8>,
+    /// Written into the ring's buffer as it arrived ([`super::landing`]):
+    /// the payload is empty.
+    pub landed: bool,
 }
 
 /// Why the current view cannot go on, kept per view (see [`Shared::raise`]).
@@ -135,6 +138,8 @@ pub(crate) struct Shared {
     /// How we are reached and how we reach each peer (the swarm task keeps
     /// it).
     pub reach: super::reach::Reach,
+    /// Where the lane's readers write the ring's parts as they arrive.
+    pub landing: super::landing::Landing,
 }
 
 impl Shared {
@@ -166,6 +171,7 @@ impl Shared {
             offences: Mutex::new(HashMap::new()),
             warnings: Throttle::default(),
             reach: Default::default(),
+            landing: Default::default(),
         }
     }
 

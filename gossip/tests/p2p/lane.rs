@@ -61,6 +61,49 @@ fn both_lane_modes_give_the_bits_of_libp2p_streams() {
     }
 }
 
+/// Ring all-reduces on 3 ranks whose segments go in several chunks, some
+/// cut in two parts; per rank the bits, and the parts that landed in place.
+fn rings(lane: DataLane) -> (Vec<Vec<u32>>, u64) {
+    let comms = group(3, N, |c| {
+        let mut c = c
+            .with_data_lane(lane)
+            .with_lane_connections(2)
+            .with_chunk_floats(70_000);
+        c.direct_max_bytes = 0;
+        c
+    });
+    let (comms, out) = on_all(comms, |c| {
+        let mut bits = Vec::new();
+        for k in 0..4 {
+            let mut y = values(c.rank() + 3 * k);
+            let mut s = c.rank() as f64 + 0.5;
+            c.all_reduce_sum(&mut y, &mut s).expect("all-reduce");
+            bits.extend(y.iter().map(|v| v.to_bits()));
+            bits.extend([s.to_bits() as u32, (s.to_bits() >> 32) as u32]);
+        }
+        (bits, c.stats().parts_landed)
+    });
+    shutdown_all(comms);
+    let landed = out.iter().map(|o| o.1).sum();
+    (out.into_iter().map(|o| o.0).collect(), landed)
+}
+
+#[test]
+fn ring_parts_land_in_the_buffer_with_the_bits_of_libp2p_streams() {
+    let (reference, none) = rings(DataLane::Libp2p);
+    assert_eq!(none, 0, "libp2p streams land nothing");
+    for (rank, bits) in reference.iter().enumerate() {
+        assert!(*bits == reference[0], "rank {rank} differs from rank 0");
+    }
+    for lane in [DataLane::Encrypted, DataLane::Plaintext] {
+        let (got, landed) = rings(lane);
+        assert!(got == reference, "{lane}: the bits differ from libp2p's");
+        // 4 collectives, 3 ranks, 4 steps of 2 chunks (3 parts) each: most
+        // parts arrive while their ring waits for them.
+        assert!(landed > 0, "{lane}: no part landed in place");
+    }
+}
+
 fn wait_for_drops(victim: &P2pComm, want: u64) {
     let until = Instant::now() + Duration::from_secs(20);
     while victim.stats().messages_dropped < want {

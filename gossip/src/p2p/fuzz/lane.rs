@@ -13,7 +13,7 @@ use super::rng::Rng;
 /// [`crate::p2p::lane::conn`], the finiteness scan, share assembly into the
 /// push-sum inbox and the ordering of all-reduce parts.
 pub fn lane(data: &[u8]) -> Outcome {
-    use crate::p2p::lane::conn::{check_frame, check_session_view};
+    use crate::p2p::lane::check::{check_frame, check_session_view};
     use crate::p2p::lane::frame::{FrameHeader, FrameKind, HEADER};
     use crate::p2p::lane::{ReduceOrder, ShareAssembly};
     use crate::p2p::payload::first_non_finite;
@@ -92,6 +92,7 @@ pub fn lane(data: &[u8]) -> Outcome {
                 from,
                 header: frame,
                 payload: payload.to_vec(),
+                landed: false,
             };
             match order.file(h.sequence, msg) {
                 Ok(ready) => accepted += ready.len(),

@@ -12,23 +12,19 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use libp2p::PeerId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use super::check::{check_frame, check_session_view};
 use super::crypto::{SESSION_ID, TAG, random};
 use super::frame::{FrameHeader, FrameKind, HEADER, RECORD};
 use super::{DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
-use crate::Rank;
-use crate::p2p::config::P2pConfig;
-use crate::p2p::inbound::{self, Active, check_header, view_for};
+use crate::p2p::inbound::{self, Active, view_for};
 use crate::p2p::links::Payload;
 use crate::p2p::payload::{first_non_finite, has_non_finite};
-use crate::p2p::state::{ReduceMsg, Shared, View};
-use crate::p2p::wire::{
-    ALL_REDUCE_PROTOCOL, DType, Header, Kind, PUSH_SUM_PROTOCOL, ReadError, Reject, WIRE_VERSION,
-};
+use crate::p2p::state::{ReduceMsg, Shared};
+use crate::p2p::wire::{DType, Kind, ReadError, Reject};
 use crate::sync::lock;
 
 const MAGIC: &[u8; 8] = b"SLOWLANE";
@@ -454,6 +450,39 @@ impl Reader<'_> {
     }
 }
 
+impl Reader<'_> {
+    /// Reads a claimed all-reduce part of `bytes` a record at a time into
+    /// `scratch`, checks each is finite and writes it into the ring's
+    /// buffer ([`crate::p2p::landing`]). A zone closed meanwhile (the ring
+    /// gave up) takes no more writes; the part is read to its end.
+    async fn land(
+        &mut self,
+        claim: &crate::p2p::landing::Claim,
+        bytes: usize,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), Stop> {
+        let piece = if self.encrypted { RECORD } else { SCAN_PIECE };
+        scratch.resize(piece.min(bytes), 0);
+        let (mut at, mut open) = (0, true);
+        while at < bytes {
+            let n = (bytes - at).min(piece);
+            let record = &mut scratch[..n];
+            self.record(record).await?;
+            if has_non_finite(record)
+                && let Some((i, value)) = first_non_finite(record)
+            {
+                return Err(Stop::Rejected(Reject::NonFinite {
+                    index: at / 4 + i,
+                    value,
+                }));
+            }
+            open = open && self.shared.landing.write(claim, at / 4, record).is_ok();
+            at += n;
+        }
+        Ok(())
+    }
+}
+
 async fn read_loop(
     shared: Arc<Shared>,
     lanes: Arc<Lanes>,
@@ -538,6 +567,28 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
             .map_err(refused)?;
     }
     let bytes = h.payload_bytes() as usize;
+    if !push
+        && !coded
+        && let Some(claim) = shared.landing.claim(view.number, from, &as_frame)
+    {
+        // A part the ring waits for: written into its buffer as it comes.
+        r.land(&claim, bytes, scratch).await?;
+        let wire = (HEADER + bytes) as u64;
+        shared.counters.received(wire);
+        shared.counters.landed();
+        shared.observed.received(&peer, wire);
+        let msg = ReduceMsg {
+            from,
+            header: as_frame,
+            payload: Vec::new(),
+            landed: true,
+        };
+        return r
+            .session
+            .deliver_reduce(h.sequence, msg)
+            .map(|()| true)
+            .map_err(|e| Stop::Rejected(Reject::MalformedHeader(e)));
+    }
     let mut buf = super::super::payload::sized(shared.pool.take(bytes), bytes);
     r.payload(&mut buf, !coded && DType::of(kind) == DType::F32)
         .await?;
@@ -569,6 +620,7 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
             from,
             header: as_frame,
             payload: buf,
+            landed: false,
         };
         r.session
             .deliver_reduce(h.sequence, msg)
@@ -580,95 +632,4 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
 /// A share the push-sum inbox refused, as the libp2p streams read it.
 fn refused(r: crate::ledger::Refusal) -> Stop {
     inbound::refused(r).into()
-}
-
-/// A lane carries the frames of the view it was set up for.
-pub(crate) fn check_session_view(session_view: u64, h: &FrameHeader) -> Result<(), Reject> {
-    if h.view != session_view {
-        return Err(Reject::View {
-            expected: session_view,
-            got: h.view,
-        });
-    }
-    Ok(())
-}
-
-/// Checks a tensor frame's header as the libp2p streams check theirs
-/// ([`check_header`]), for the frame as they would have carried it (for a
-/// share, the whole share; the part must lie inside it; a `coded`
-/// (compressed) share comes whole, at the exact size of the run's codec).
-/// Returns that frame and the sender's rank.
-pub(crate) fn check_frame(
-    cfg: &P2pConfig,
-    view: &View,
-    peer: &PeerId,
-    h: &FrameHeader,
-    kind: Kind,
-    coded: bool,
-) -> Result<(Header, Rank), Reject> {
-    let push = kind == Kind::PushSum;
-    if coded {
-        check_coded(cfg, h)?;
-    }
-    let as_frame = Header {
-        version: WIRE_VERSION,
-        run_id: cfg.run.run_id.clone(),
-        view: h.view,
-        sender: peer.to_string(),
-        round: h.round,
-        kind,
-        dtype: match (coded, push) {
-            (true, _) => DType::of_share(cfg.compress),
-            (false, true) => DType::F32,
-            (false, false) => DType::of(kind),
-        },
-        len: match (coded, push) {
-            (true, _) => cfg.payload_floats as u64,
-            (false, true) => h.total,
-            (false, false) => h.len,
-        },
-        weight: h.weight,
-        checksum: 0,
-        step: h.step,
-        offset: if push { 0 } else { h.offset },
-        total: h.total,
-    };
-    let protocol = if push {
-        PUSH_SUM_PROTOCOL
-    } else {
-        ALL_REDUCE_PROTOCOL
-    };
-    let from = check_header(cfg, view, peer, &as_frame, protocol)?;
-    if push && h.offset.checked_add(h.len).is_none_or(|end| end > h.total) {
-        return Err(Reject::Layout {
-            offset: h.offset,
-            len: h.len,
-            total: h.total,
-        });
-    }
-    Ok((as_frame, from))
-}
-
-/// A compressed share's lane frame: a run that compresses, one whole part
-/// of exactly the codec's size.
-fn check_coded(cfg: &P2pConfig, h: &FrameHeader) -> Result<(), Reject> {
-    let codec = cfg.compress;
-    if codec.is_none() {
-        return Err(Reject::MalformedHeader(
-            "a compressed share in a run that sends shares uncompressed".into(),
-        ));
-    }
-    let want = crate::compress::encoded_bytes(codec, cfg.payload_floats) as u64;
-    if h.parts != 1 || h.offset != 0 || h.len != h.total || h.total != want {
-        return Err(Reject::Coded(crate::compress::CodecError {
-            codec: codec.to_string(),
-            field: "length",
-            detail: format!(
-                "is {} bytes at offset {} of {} in part {} of {}; a share of {} values takes \
-                 {want} bytes in one part",
-                h.len, h.offset, h.total, h.part, h.parts, cfg.payload_floats
-            ),
-        }));
-    }
-    Ok(())
 }

@@ -23,12 +23,16 @@
 //! socket. The receiver reads each record into the part's own buffer and
 //! opens it there (plaintext in 128 KiB pieces, scanned for non-finite
 //! values while in the cache); push-sum parts are added straight from their
-//! buffers, all-reduce parts are handed on in the sender's order.
+//! buffers, all-reduce parts are handed on in the sender's order. A ring
+//! all-reduce part the ring already waits for takes no buffer of its own:
+//! each record is opened in the reader's record buffer, checked, and added
+//! (or copied) into the ring's buffer at once ([`super::landing`]).
 //! There is no checksum: the records are authenticated. Sizes, shapes, run,
 //! view, round window and finiteness are checked as on the libp2p streams
 //! ([`super::inbound::check_header`]).
 
 pub(crate) mod alive;
+pub(crate) mod check;
 pub(crate) mod conn;
 pub(crate) mod crypto;
 pub mod frame;

@@ -1,0 +1,350 @@
+//! Landing: the lane's readers write ring all-reduce parts straight into
+//! the caller's buffer, record by record as they are opened (added in the
+//! reduce-scatter, copied in the all-gather), instead of into a buffer of
+//! their own that the training thread adds from once the part is whole.
+//!
+//! The ring says what it waits for next ([`Landing::expect`]): the sender,
+//! the step, where the next chunk must start and where the segment ends,
+//! and the buffer there. A reader whose frame is exactly such a part (the
+//! same checks the ring makes of a part it receives:
+//! [`crate::ring::Expected::check`]) claims its range; ranges claimed stay
+//! disjoint, so every element still gets one addition from each step, in
+//! the ring's order, and the sums are bit-identical to adding from a
+//! buffer. The reader then hands the ring an empty part marked as landed,
+//! in the sender's order, and the ring moves its cursor over it as over
+//! any other part. A part that arrived before the ring said it waited for
+//! it comes the old way, and the ring refuses to add it over a range a
+//! reader claimed (only a sender that sent one range twice can make that
+//! happen, and that ends the collective).
+//!
+//! Safety: the buffer is the caller's, alive for the collective; the ring
+//! reads and writes it outside the claimed ranges only (it sends what it
+//! already received, it adds what came the old way where nothing was
+//! claimed), and [`Landing::close`] (run as the collective ends, by error
+//! too) waits for a write under way and stops every later one: a write
+//! happens under the read lock, and checks the zone is still the one it
+//! claimed from.
+
+use std::ops::Range;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::payload::{add_bytes, copy_bytes};
+use super::wire::{Header, Kind};
+use crate::Rank;
+use crate::ring::{Expected, Phase};
+
+/// Where the ring wants its next parts written; see the module docs.
+#[derive(Default)]
+pub(crate) struct Landing {
+    zone: RwLock<Option<Zone>>,
+    /// Zones opened so far: each gets the next number as its id.
+    opened: AtomicU64,
+}
+
+struct Zone {
+    /// A write checks its claim is of the zone still open.
+    id: u64,
+    view: u64,
+    /// The collective's sequence number.
+    round: u64,
+    from: Rank,
+    kind: Kind,
+    step: u32,
+    total: u64,
+    /// Where the next part must start and where the segment ends.
+    cursor: usize,
+    end: usize,
+    add: bool,
+    /// The address of the buffer's element 0.
+    origin: usize,
+    /// Ranges readers claimed and the ring has not moved past yet.
+    claimed: Vec<Range<usize>>,
+}
+
+/// One part a reader may write: `at` is where it lies in the buffer.
+#[derive(Debug, Clone)]
+pub(crate) struct Claim {
+    id: u64,
+    at: Range<usize>,
+}
+
+/// A claim of a zone closed since: the ring gave up on the collective.
+#[derive(Debug)]
+pub(crate) struct Closed;
+
+fn kind_of(phase: Phase) -> Kind {
+    match phase {
+        Phase::ReduceScatter => Kind::ReduceScatter,
+        Phase::AllGather => Kind::AllGather,
+    }
+}
+
+impl Landing {
+    /// The ring of collective `round` in view `view` waits for `expected`;
+    /// `rest` is the buffer from `expected.cursor` to the segment's end.
+    /// Claims still open in the segment stay (the ring moved its cursor
+    /// over parts that came before them).
+    ///
+    /// # Safety
+    /// `rest` must stay valid, and be read and written by the caller only
+    /// outside the ranges claimed, until [`Landing::close`] returns.
+    pub(crate) unsafe fn expect(
+        &self,
+        view: u64,
+        round: u64,
+        expected: &Expected,
+        rest: &mut [f32],
+        add: bool,
+    ) {
+        let mut zone = self.zone.write().unwrap_or_else(|e| e.into_inner());
+        let origin = (rest.as_mut_ptr() as usize).wrapping_sub(4 * expected.cursor);
+        let kind = kind_of(expected.phase);
+        let (cursor, end) = (expected.cursor, expected.segment.end);
+        // One zone a collective: claims made at earlier steps are all
+        // written (the ring moved past them on their landed parts).
+        let (id, mut claimed) = match zone.take() {
+            Some(z) if z.view == view && z.round == round && z.origin == origin => {
+                (z.id, z.claimed)
+            }
+            _ => (self.opened.fetch_add(1, Ordering::Relaxed) + 1, Vec::new()),
+        };
+        claimed.retain(|r| r.start >= cursor && r.end <= end);
+        *zone = Some(Zone {
+            id,
+            view,
+            round,
+            from: expected.from,
+            kind,
+            step: expected.step,
+            total: expected.total as u64,
+            cursor,
+            end,
+            add,
+            origin,
+            claimed,
+        });
+    }
+
+    /// Claims the range of a checked all-reduce frame `h` from rank `from`
+    /// if it is a part the ring waits for and no reader claimed any of it.
+    pub(crate) fn claim(&self, view: u64, from: Rank, h: &Header) -> Option<Claim> {
+        let mut zone = self.zone.write().unwrap_or_else(|e| e.into_inner());
+        let z = zone.as_mut()?;
+        let start = usize::try_from(h.offset).ok()?;
+        let end = start.checked_add(usize::try_from(h.len).ok()?)?;
+        let ours = z.view == view
+            && z.round == h.round
+            && z.from == from
+            && z.kind == h.kind
+            && z.step == h.step
+            && z.total == h.total
+            && start >= z.cursor
+            && end <= z.end
+            && start < end
+            && z.claimed.iter().all(|r| r.end <= start || end <= r.start);
+        if !ours {
+            return None;
+        }
+        z.claimed.push(start..end);
+        Some(Claim {
+            id: z.id,
+            at: start..end,
+        })
+    }
+
+    /// Writes `bytes` (`f32` LE, checked finite), element `at` on of the
+    /// claimed part, into the buffer: added or copied as the ring said.
+    pub(crate) fn write(&self, claim: &Claim, at: usize, bytes: &[u8]) -> Result<(), Closed> {
+        let zone = self.zone.read().unwrap_or_else(|e| e.into_inner());
+        let Some(z) = zone.as_ref().filter(|z| z.id == claim.id) else {
+            return Err(Closed);
+        };
+        let start = claim.at.start + at;
+        let n = (bytes.len() / 4).min(claim.at.end.saturating_sub(start));
+        // SAFETY: `start..start + n` lies inside the claimed range, which
+        // lies inside the buffer of the zone that is still open (`expect`'s
+        // contract); no one else touches a claimed range, and ranges are
+        // claimed once.
+        let into = unsafe { std::slice::from_raw_parts_mut((z.origin + 4 * start) as *mut f32, n) };
+        if z.add {
+            add_bytes(into, bytes);
+        } else {
+            copy_bytes(into, bytes);
+        }
+        Ok(())
+    }
+
+    /// Claims `at` for a part that came the old way (the ring adds it
+    /// itself); `false` if a reader claimed any of it.
+    pub(crate) fn reserve(&self, at: &Range<usize>) -> bool {
+        let mut zone = self.zone.write().unwrap_or_else(|e| e.into_inner());
+        let Some(z) = zone.as_mut() else { return true };
+        if z.claimed
+            .iter()
+            .any(|r| r.start < at.end && at.start < r.end)
+        {
+            return false;
+        }
+        z.claimed.push(at.clone());
+        true
+    }
+
+    /// Ends the zone: waits for a write under way; no later one happens.
+    pub(crate) fn close(&self) {
+        *self.zone.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::p2p::wire::{DType, WIRE_VERSION};
+
+    fn expected(step: u32, cursor: usize, segment: Range<usize>) -> Expected {
+        Expected {
+            from: 2,
+            phase: Phase::ReduceScatter,
+            step,
+            segment,
+            cursor,
+            total: 12,
+        }
+    }
+
+    fn part(step: u32, offset: u64, len: u64) -> Header {
+        Header {
+            version: WIRE_VERSION,
+            run_id: "r".into(),
+            view: 1,
+            sender: String::new(),
+            round: 7,
+            kind: Kind::ReduceScatter,
+            dtype: DType::F32,
+            len,
+            weight: 0.0,
+            checksum: 0,
+            step,
+            offset,
+            total: 12,
+        }
+    }
+
+    fn le(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn only_the_awaited_parts_are_claimed_once_and_added_in_place() {
+        let landing = Landing::default();
+        let mut buf = vec![1.0f32; 12];
+        // Nothing awaited yet.
+        assert!(landing.claim(1, 2, &part(0, 4, 2)).is_none());
+        unsafe { landing.expect(1, 7, &expected(0, 4, 4..8), &mut buf[4..8], true) };
+        // Another sender, view, collective, step, a place before the
+        // cursor or past the segment: not ours.
+        assert!(landing.claim(1, 1, &part(0, 4, 2)).is_none());
+        assert!(landing.claim(2, 2, &part(0, 4, 2)).is_none());
+        assert!(
+            landing
+                .claim(
+                    1,
+                    2,
+                    &Header {
+                        round: 8,
+                        ..part(0, 4, 2)
+                    }
+                )
+                .is_none()
+        );
+        assert!(landing.claim(1, 2, &part(1, 4, 2)).is_none());
+        assert!(landing.claim(1, 2, &part(0, 2, 2)).is_none());
+        assert!(landing.claim(1, 2, &part(0, 6, 3)).is_none());
+        assert!(landing.claim(1, 2, &part(0, 4, 0)).is_none());
+        assert!(
+            landing
+                .claim(
+                    1,
+                    2,
+                    &Header {
+                        total: 13,
+                        ..part(0, 4, 2)
+                    }
+                )
+                .is_none()
+        );
+        assert!(
+            landing
+                .claim(
+                    1,
+                    2,
+                    &Header {
+                        kind: Kind::AllGather,
+                        ..part(0, 4, 2)
+                    }
+                )
+                .is_none()
+        );
+        // The second part first, then the first; neither twice.
+        let second = landing.claim(1, 2, &part(0, 6, 2)).expect("second part");
+        assert!(landing.claim(1, 2, &part(0, 5, 2)).is_none());
+        let first = landing.claim(1, 2, &part(0, 4, 2)).expect("first part");
+        assert!(landing.claim(1, 2, &part(0, 4, 2)).is_none());
+        landing.write(&second, 0, &le(&[0.5])).unwrap();
+        landing.write(&second, 1, &le(&[0.25])).unwrap();
+        landing.write(&first, 0, &le(&[2.0, 3.0])).unwrap();
+        // A part that came the old way over a claimed range is refused.
+        assert!(!landing.reserve(&(4..6)));
+        landing.close();
+        assert_eq!(
+            buf,
+            [1.0, 1.0, 1.0, 1.0, 3.0, 4.0, 1.5, 1.25, 1.0, 1.0, 1.0, 1.0]
+        );
+    }
+
+    #[test]
+    fn claims_outlive_the_cursor_moving_but_not_the_zone() {
+        let landing = Landing::default();
+        let mut buf = vec![0.0f32; 12];
+        unsafe { landing.expect(1, 7, &expected(0, 0, 0..4), &mut buf[0..4], false) };
+        // The first part came the old way: the ring reserves it.
+        assert!(landing.reserve(&(0..2)));
+        assert!(landing.claim(1, 2, &part(0, 0, 2)).is_none());
+        let later = landing.claim(1, 2, &part(0, 2, 2)).expect("second part");
+        // The ring moves its cursor over the first part: the claim holds.
+        unsafe { landing.expect(1, 7, &expected(0, 2, 0..4), &mut buf[2..4], false) };
+        assert!(landing.claim(1, 2, &part(0, 2, 2)).is_none());
+        landing.write(&later, 0, &le(&[9.0, 8.0])).unwrap();
+        // The next collective's zone does not take the old claim.
+        unsafe { landing.expect(1, 8, &expected(0, 0, 0..4), &mut buf[0..4], false) };
+        assert!(landing.write(&later, 0, &le(&[7.0])).is_err());
+        let now = landing
+            .claim(
+                1,
+                2,
+                &Header {
+                    round: 8,
+                    ..part(0, 0, 4)
+                },
+            )
+            .expect("claim");
+        landing.close();
+        assert!(landing.write(&now, 0, &le(&[7.0])).is_err());
+        assert!(
+            landing
+                .claim(
+                    1,
+                    2,
+                    &Header {
+                        round: 8,
+                        ..part(0, 0, 4)
+                    }
+                )
+                .is_none()
+        );
+        assert_eq!(
+            buf,
+            [0.0, 0.0, 9.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        );
+    }
+}
