@@ -67,6 +67,8 @@ struct Zone {
 pub(crate) struct Claim {
     id: u64,
     at: Range<usize>,
+    /// Added into the buffer, not copied.
+    pub add: bool,
 }
 
 /// A claim of a zone closed since: the ring gave up on the collective.
@@ -150,6 +152,7 @@ impl Landing {
         Some(Claim {
             id: z.id,
             at: start..end,
+            add: z.add,
         })
     }
 
@@ -173,6 +176,29 @@ impl Landing {
             copy_bytes(into, bytes);
         }
         Ok(())
+    }
+
+    /// Runs `f` on the bytes of the claimed part's place from byte `at` on
+    /// (at most `len` of them), if the zone is still open: a part that is
+    /// copied can be read straight there. Under the zone's read lock: `f`
+    /// must not wait.
+    pub(crate) fn with_place<R>(
+        &self,
+        claim: &Claim,
+        at: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, Closed> {
+        let zone = self.zone.read().unwrap_or_else(|e| e.into_inner());
+        let Some(z) = zone.as_ref().filter(|z| z.id == claim.id) else {
+            return Err(Closed);
+        };
+        let start = 4 * claim.at.start + at;
+        let n = len.min((4 * claim.at.end).saturating_sub(start));
+        // SAFETY: as in `write`: the bytes lie inside the claimed range of
+        // the zone still open, which only this claim's holder touches.
+        let place = unsafe { std::slice::from_raw_parts_mut((z.origin + start) as *mut u8, n) };
+        Ok(f(place))
     }
 
     /// Claims `at` for a part that came the old way (the ring adds it
@@ -315,6 +341,7 @@ mod tests {
         unsafe { landing.expect(1, 7, &expected(0, 2, 0..4), &mut buf[2..4], false) };
         assert!(landing.claim(1, 2, &part(0, 2, 2)).is_none());
         landing.write(&later, 0, &le(&[9.0, 8.0])).unwrap();
+        assert_eq!(buf[2..4], [9.0, 8.0]);
         // The next collective's zone does not take the old claim.
         unsafe { landing.expect(1, 8, &expected(0, 0, 0..4), &mut buf[0..4], false) };
         assert!(landing.write(&later, 0, &le(&[7.0])).is_err());
@@ -328,8 +355,16 @@ mod tests {
                 },
             )
             .expect("claim");
+        assert!(!now.add);
+        // A copied part is read straight into its place, clipped to it.
+        let wrote = landing.with_place(&now, 4, 100, |place| {
+            place.copy_from_slice(&le(&[5.0, 6.0, 7.0]));
+            place.len()
+        });
+        assert_eq!(wrote.unwrap(), 12);
         landing.close();
         assert!(landing.write(&now, 0, &le(&[7.0])).is_err());
+        assert!(landing.with_place(&now, 0, 4, |_| ()).is_err());
         assert!(
             landing
                 .claim(
@@ -344,7 +379,7 @@ mod tests {
         );
         assert_eq!(
             buf,
-            [0.0, 0.0, 9.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+            [0.0, 5.0, 6.0, 7.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         );
     }
 }

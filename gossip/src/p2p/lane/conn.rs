@@ -451,6 +451,69 @@ impl Reader<'_> {
 }
 
 impl Reader<'_> {
+    /// Reads a claimed plaintext all-reduce part that is copied (the
+    /// all-gather) straight into its place, a piece at a time, each piece
+    /// checked finite while in the cache. A zone closed meanwhile (the ring
+    /// gave up) takes no more bytes; the part is read to its end.
+    async fn land_in_place(
+        &mut self,
+        claim: &crate::p2p::landing::Claim,
+        bytes: usize,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), Stop> {
+        let shared = self.shared;
+        let (mut at, mut open) = (0, true);
+        while at < bytes {
+            let end = (at + SCAN_PIECE).min(bytes);
+            let mut got = at;
+            while got < end {
+                self.stream.readable().await?;
+                let stream = &self.stream;
+                let read = match open {
+                    true => shared
+                        .landing
+                        .with_place(claim, got, end - got, |place| stream.try_read(place)),
+                    false => Err(crate::p2p::landing::Closed),
+                };
+                let read = read.unwrap_or_else(|_| {
+                    open = false;
+                    scratch.resize(SCAN_PIECE, 0);
+                    stream.try_read(&mut scratch[..end - got])
+                });
+                match read {
+                    Ok(0) => {
+                        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+                    }
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            shared.activity.touch(&self.session.peer);
+            let bad = match open {
+                true => shared
+                    .landing
+                    .with_place(claim, at, end - at, |piece| {
+                        if has_non_finite(piece) {
+                            first_non_finite(piece)
+                        } else {
+                            None
+                        }
+                    })
+                    .unwrap_or(None),
+                false => None,
+            };
+            if let Some((i, value)) = bad {
+                return Err(Stop::Rejected(Reject::NonFinite {
+                    index: at / 4 + i,
+                    value,
+                }));
+            }
+            at = end;
+        }
+        Ok(())
+    }
+
     /// Reads a claimed all-reduce part of `bytes` a record at a time into
     /// `scratch`, checks each is finite and writes it into the ring's
     /// buffer ([`crate::p2p::landing`]). A zone closed meanwhile (the ring
@@ -572,7 +635,11 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
         && let Some(claim) = shared.landing.claim(view.number, from, &as_frame)
     {
         // A part the ring waits for: written into its buffer as it comes.
-        r.land(&claim, bytes, scratch).await?;
+        if r.encrypted || claim.add {
+            r.land(&claim, bytes, scratch).await?;
+        } else {
+            r.land_in_place(&claim, bytes, scratch).await?;
+        }
         let wire = (HEADER + bytes) as u64;
         shared.counters.received(wire);
         shared.counters.landed();
