@@ -26,7 +26,8 @@
 //! buffers, all-reduce parts are handed on in the sender's order. A ring
 //! all-reduce part the ring already waits for takes no buffer of its own:
 //! each record is opened in the reader's record buffer, checked, and added
-//! (or copied) into the ring's buffer at once ([`super::landing`]).
+//! (or copied) into the ring's buffer at once; a plaintext part that is
+//! copied is read from the socket straight into place ([`super::landing`]).
 //! There is no checksum: the records are authenticated. Sizes, shapes, run,
 //! view, round window and finiteness are checked as on the libp2p streams
 //! ([`super::inbound::check_header`]).
