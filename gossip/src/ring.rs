@@ -120,20 +120,23 @@ pub(crate) trait Links {
     /// sends straight from the buffer first waits until what it sent from
     /// `into` is on its way.
     fn apply(&mut self, chunk: Self::Chunk, into: &mut [f32], add: bool) -> Result<(), CommError>;
-    /// Receives the next chunk of `expected` (one sender) into its place:
-    /// `rest` is the buffer from `expected.cursor` to the segment's end,
-    /// where the chunk lands (`rest[i] += v[i]` when `add`, else a copy).
-    /// Returns its header. A transport may write it there as it arrives.
+    /// Receives the next chunk of `expected` (one sender) into its place in
+    /// `buf` (the whole buffer): `buf[i] += v[i]` when `add`, else a copy.
+    /// Returns its header. `next` is what the ring waits for once this
+    /// step is done (and whether its chunks are added). A transport may
+    /// write parts of either into place as they arrive, and hand them over
+    /// in turn.
     fn recv_into(
         &mut self,
         expected: &Expected,
-        rest: &mut [f32],
         add: bool,
+        next: Option<(&Expected, bool)>,
+        buf: &mut [f32],
     ) -> Result<ChunkHeader, CommError> {
+        let _ = next;
         let (_, h, values) = self.recv(std::slice::from_ref(expected))?;
-        // `Expected::check` passed: the chunk starts at the cursor and ends
-        // inside the segment.
-        self.apply(values, &mut rest[..h.len], add)?;
+        // `Expected::check` passed: the chunk lies inside the buffer.
+        self.apply(values, &mut buf[h.offset..h.offset + h.len], add)?;
         Ok(h)
     }
 }
@@ -325,8 +328,9 @@ pub(crate) fn ring_all_reduce<L: Links>(
                 "ring all-reduce: rank {rank} has nothing to send or receive at step {send_step}"
             )));
         }
-        let rest = &mut buf[expected.cursor..expected.segment.end];
-        let h = links.recv_into(&expected, rest, reduce(recv_step))?;
+        let next = (recv_step + 1 < steps).then(|| expect(recv_step + 1));
+        let next = next.as_ref().map(|e| (e, reduce(recv_step + 1)));
+        let h = links.recv_into(&expected, reduce(recv_step), next, buf)?;
         let r = h.offset..h.offset + h.len;
         let seg_start = expected.segment.start;
         if recv_seg(recv_step) == 0 && h.offset == seg_start {

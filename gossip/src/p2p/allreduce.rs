@@ -192,6 +192,17 @@ impl Ring<'_> {
         Ok(())
     }
 
+    /// Whether every chunk lent from where `at` lies is on its way (those
+    /// loans end), without waiting.
+    fn settled_over(&mut self, at: std::ops::Range<usize>) -> bool {
+        let over = |c: &LentChunk| c.at.start < at.end && at.start < c.at.end;
+        if self.lent.iter().any(|c| over(c) && !c.lender.settled()) {
+            return false;
+        }
+        self.lent.retain(|c| !over(c));
+        true
+    }
+
     fn queue(&self, to: Rank, msg: Outgoing) -> Result<(), CommError> {
         let Some(Some(link)) = self.links.get(to) else {
             return Err(CommError::Misuse(format!(
@@ -397,42 +408,48 @@ impl Links for Ring<'_> {
     fn recv_into(
         &mut self,
         expected: &Expected,
-        rest: &mut [f32],
         add: bool,
+        next: Option<(&Expected, bool)>,
+        buf: &mut [f32],
     ) -> Result<ChunkHeader, CommError> {
         if !self.lands() {
             let (_, h, values) = self.recv(std::slice::from_ref(expected))?;
-            self.apply(values, &mut rest[..h.len], add)?;
+            self.apply(values, &mut buf[h.offset..h.offset + h.len], add)?;
             return Ok(h);
         }
-        // Nothing sent from there may still be on its way.
-        self.settle(Some(span(rest)))?;
-        // SAFETY: `rest` is the ring's buffer, alive until `run` returns,
-        // which closes the zone first; the ring sends only parts it already
+        // Nothing sent from where parts land may still be on its way: the
+        // current step's rest is settled, the next step's is opened only
+        // if nothing sent from there is still lent (it is, from long ago,
+        // in the first all-gather step; a ring of two sends it right now).
+        let rest = expected.cursor..expected.segment.end;
+        self.settle(Some(span(&buf[rest])))?;
+        let next = next.filter(|(e, _)| self.settled_over(span(&buf[e.segment.clone()])));
+        let windows: Vec<(&Expected, bool)> =
+            std::iter::once((expected, add)).chain(next).collect();
+        // SAFETY: `buf` is the ring's buffer, alive until `run` returns,
+        // which closes the zone first; the ring reads only parts it already
         // received (below the cursor) and adds a part that came the old way
-        // only where no reader claimed (checked below).
+        // only where no reader claimed (`reserve` below); the windows'
+        // ranges are lent to no writer (settled or checked above).
         unsafe {
             self.shared
                 .landing
-                .expect(self.view.number, self.seq, expected, rest, add)
+                .expect(self.view.number, self.seq, buf, &windows)
         };
         let (_, msg) = self.recv_chunk(std::slice::from_ref(expected))?;
         let h = chunk_of(&msg.header, expected.phase);
         if msg.landed {
             return Ok(h);
         }
-        if !self.shared.landing.reserve(&(h.offset..h.offset + h.len)) {
+        let at = h.offset..h.offset + h.len;
+        if !self.shared.landing.reserve(&at) {
             self.shared.pool.give(msg.payload);
             return Err(CommError::Protocol(format!(
                 "{} {}: rank {} sent the part at {}..{} twice",
-                self.operation,
-                self.seq,
-                msg.from,
-                h.offset,
-                h.offset + h.len
+                self.operation, self.seq, msg.from, at.start, at.end
             )));
         }
-        self.apply(msg.payload, &mut rest[..h.len], add)?;
+        self.apply(msg.payload, &mut buf[at], add)?;
         Ok(h)
     }
 

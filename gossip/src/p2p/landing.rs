@@ -48,6 +48,17 @@ struct Zone {
     view: u64,
     /// The collective's sequence number.
     round: u64,
+    /// What the ring waits for: the parts of its current step, and of the
+    /// next one.
+    windows: Vec<Window>,
+    /// The address of the buffer's element 0.
+    origin: usize,
+    /// Ranges readers claimed and the ring has not moved past yet.
+    claimed: Vec<Range<usize>>,
+}
+
+/// The parts of one ring step still awaited.
+struct Window {
     from: Rank,
     kind: Kind,
     step: u32,
@@ -56,10 +67,6 @@ struct Zone {
     cursor: usize,
     end: usize,
     add: bool,
-    /// The address of the buffer's element 0.
-    origin: usize,
-    /// Ranges readers claimed and the ring has not moved past yet.
-    claimed: Vec<Range<usize>>,
 }
 
 /// One part a reader may write: `at` is where it lies in the buffer.
@@ -83,46 +90,55 @@ fn kind_of(phase: Phase) -> Kind {
 }
 
 impl Landing {
-    /// The ring of collective `round` in view `view` waits for `expected`;
-    /// `rest` is the buffer from `expected.cursor` to the segment's end.
-    /// Claims still open in the segment stay (the ring moved its cursor
-    /// over parts that came before them).
+    /// The ring of collective `round` in view `view`, summing `buf`, waits
+    /// for the parts of `windows` (each an expectation and whether its
+    /// parts are added): its current step's, and the next step's. Claims
+    /// still open in them stay (the ring moved its cursor over parts that
+    /// came before them).
     ///
     /// # Safety
-    /// `rest` must stay valid, and be read and written by the caller only
-    /// outside the ranges claimed, until [`Landing::close`] returns.
+    /// `buf` must stay valid until [`Landing::close`] returns, and be read
+    /// and written by the caller only outside the ranges claimed; nothing
+    /// sent from the windows' ranges may still be read by the lane.
     pub(crate) unsafe fn expect(
         &self,
         view: u64,
         round: u64,
-        expected: &Expected,
-        rest: &mut [f32],
-        add: bool,
+        buf: &mut [f32],
+        windows: &[(&Expected, bool)],
     ) {
         let mut zone = self.zone.write().unwrap_or_else(|e| e.into_inner());
-        let origin = (rest.as_mut_ptr() as usize).wrapping_sub(4 * expected.cursor);
-        let kind = kind_of(expected.phase);
-        let (cursor, end) = (expected.cursor, expected.segment.end);
-        // One zone a collective: claims made at earlier steps are all
-        // written (the ring moved past them on their landed parts).
+        let origin = buf.as_mut_ptr() as usize;
+        let windows: Vec<Window> = windows
+            .iter()
+            .map(|(e, add)| Window {
+                from: e.from,
+                kind: kind_of(e.phase),
+                step: e.step,
+                total: e.total as u64,
+                cursor: e.cursor,
+                end: e.segment.end.min(buf.len()),
+                add: *add,
+            })
+            .collect();
+        // One zone a collective: claims the ring moved past are written
+        // (it moves past a claimed part on its landed marker only).
         let (id, mut claimed) = match zone.take() {
             Some(z) if z.view == view && z.round == round && z.origin == origin => {
                 (z.id, z.claimed)
             }
             _ => (self.opened.fetch_add(1, Ordering::Relaxed) + 1, Vec::new()),
         };
-        claimed.retain(|r| r.start >= cursor && r.end <= end);
+        claimed.retain(|r| {
+            windows
+                .iter()
+                .any(|w| r.start >= w.cursor && r.end <= w.end)
+        });
         *zone = Some(Zone {
             id,
             view,
             round,
-            from: expected.from,
-            kind,
-            step: expected.step,
-            total: expected.total as u64,
-            cursor,
-            end,
-            add,
+            windows,
             origin,
             claimed,
         });
@@ -135,24 +151,26 @@ impl Landing {
         let z = zone.as_mut()?;
         let start = usize::try_from(h.offset).ok()?;
         let end = start.checked_add(usize::try_from(h.len).ok()?)?;
-        let ours = z.view == view
-            && z.round == h.round
-            && z.from == from
-            && z.kind == h.kind
-            && z.step == h.step
-            && z.total == h.total
-            && start >= z.cursor
-            && end <= z.end
-            && start < end
-            && z.claimed.iter().all(|r| r.end <= start || end <= r.start);
-        if !ours {
+        if z.view != view || z.round != h.round || start >= end {
             return None;
         }
+        let w = z.windows.iter().find(|w| {
+            w.from == from
+                && w.kind == h.kind
+                && w.step == h.step
+                && w.total == h.total
+                && start >= w.cursor
+                && end <= w.end
+        })?;
+        if z.claimed.iter().any(|r| r.start < end && start < r.end) {
+            return None;
+        }
+        let add = w.add;
         z.claimed.push(start..end);
         Some(Claim {
             id: z.id,
             at: start..end,
-            add: z.add,
+            add,
         })
     }
 
@@ -170,7 +188,7 @@ impl Landing {
         // contract); no one else touches a claimed range, and ranges are
         // claimed once.
         let into = unsafe { std::slice::from_raw_parts_mut((z.origin + 4 * start) as *mut f32, n) };
-        if z.add {
+        if claim.add {
             add_bytes(into, bytes);
         } else {
             copy_bytes(into, bytes);
@@ -266,7 +284,7 @@ mod tests {
         let mut buf = vec![1.0f32; 12];
         // Nothing awaited yet.
         assert!(landing.claim(1, 2, &part(0, 4, 2)).is_none());
-        unsafe { landing.expect(1, 7, &expected(0, 4, 4..8), &mut buf[4..8], true) };
+        unsafe { landing.expect(1, 7, &mut buf, &[(&expected(0, 4, 4..8), true)]) };
         // Another sender, view, collective, step, a place before the
         // cursor or past the segment: not ours.
         assert!(landing.claim(1, 1, &part(0, 4, 2)).is_none());
@@ -321,10 +339,36 @@ mod tests {
         landing.write(&first, 0, &le(&[2.0, 3.0])).unwrap();
         // A part that came the old way over a claimed range is refused.
         assert!(!landing.reserve(&(4..6)));
+        // The next step's parts (all-gather, copied) land while the ring
+        // still waits for this step's.
+        let next = Expected {
+            phase: Phase::AllGather,
+            ..expected(1, 8, 8..12)
+        };
+        unsafe {
+            landing.expect(
+                1,
+                7,
+                &mut buf,
+                &[(&expected(0, 4, 4..8), true), (&next, false)],
+            )
+        };
+        let gather = Header {
+            kind: Kind::AllGather,
+            ..part(1, 8, 4)
+        };
+        assert!(landing.claim(1, 2, &part(1, 8, 4)).is_none(), "wrong phase");
+        let copied = landing.claim(1, 2, &gather).expect("next step's part");
+        assert!(!copied.add && first.add);
+        landing
+            .write(&copied, 0, &le(&[-1.0, -2.0, -3.0, -4.0]))
+            .unwrap();
         landing.close();
         assert_eq!(
             buf,
-            [1.0, 1.0, 1.0, 1.0, 3.0, 4.0, 1.5, 1.25, 1.0, 1.0, 1.0, 1.0]
+            [
+                1.0, 1.0, 1.0, 1.0, 3.0, 4.0, 1.5, 1.25, -1.0, -2.0, -3.0, -4.0
+            ]
         );
     }
 
@@ -332,18 +376,18 @@ mod tests {
     fn claims_outlive_the_cursor_moving_but_not_the_zone() {
         let landing = Landing::default();
         let mut buf = vec![0.0f32; 12];
-        unsafe { landing.expect(1, 7, &expected(0, 0, 0..4), &mut buf[0..4], false) };
+        unsafe { landing.expect(1, 7, &mut buf, &[(&expected(0, 0, 0..4), false)]) };
         // The first part came the old way: the ring reserves it.
         assert!(landing.reserve(&(0..2)));
         assert!(landing.claim(1, 2, &part(0, 0, 2)).is_none());
         let later = landing.claim(1, 2, &part(0, 2, 2)).expect("second part");
         // The ring moves its cursor over the first part: the claim holds.
-        unsafe { landing.expect(1, 7, &expected(0, 2, 0..4), &mut buf[2..4], false) };
+        unsafe { landing.expect(1, 7, &mut buf, &[(&expected(0, 2, 0..4), false)]) };
         assert!(landing.claim(1, 2, &part(0, 2, 2)).is_none());
         landing.write(&later, 0, &le(&[9.0, 8.0])).unwrap();
         assert_eq!(buf[2..4], [9.0, 8.0]);
         // The next collective's zone does not take the old claim.
-        unsafe { landing.expect(1, 8, &expected(0, 0, 0..4), &mut buf[0..4], false) };
+        unsafe { landing.expect(1, 8, &mut buf, &[(&expected(0, 0, 0..4), false)]) };
         assert!(landing.write(&later, 0, &le(&[7.0])).is_err());
         let now = landing
             .claim(

@@ -89,6 +89,11 @@ impl Lender {
         (Self { loan: loan.clone() }, LentShare { loan })
     }
 
+    /// Whether no holder is left (the share is on its way), without waiting.
+    pub(crate) fn settled(&self) -> bool {
+        *lock(&self.loan.holders) == 0
+    }
+
     /// Waits until no holder is left, checking `give_up` every `poll`;
     /// `Err` with its reason if it gives up. The loan is revoked either way.
     pub(crate) fn settle<E>(
