@@ -23,6 +23,15 @@ pub fn add_bytes(dst: &mut [f32], payload: &[u8]) {
     }
 }
 
+/// `dst[i] = p * dst[i] + payload[i]` (LE `f32`s), rounded as a multiply
+/// then an add: the bits of scaling `dst` first, then [`add_bytes`].
+pub fn scale_add_bytes(dst: &mut [f32], p: f32, payload: &[u8]) {
+    for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
+        let scaled = *d * p;
+        *d = scaled + f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    }
+}
+
 /// `values` as little-endian bytes.
 pub(crate) fn u64_to_bytes(values: &[u64]) -> Vec<u8> {
     if cfg!(target_endian = "little") {

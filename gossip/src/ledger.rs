@@ -30,6 +30,19 @@ pub(crate) trait SharePayload: Send {
     fn floats(&self) -> usize;
     /// `x[i] += self[i]`.
     fn add_into(&self, x: &mut [f32]);
+    /// `x[i] = p * x[i] + self[i]`, rounded as `x[i] *= p` then
+    /// [`SharePayload::add_into`] round (no fused multiply-add).
+    fn scale_add_into(&self, p: f32, x: &mut [f32]) {
+        scale(x, p);
+        self.add_into(x);
+    }
+}
+
+/// `x[i] *= p`.
+pub(crate) fn scale(x: &mut [f32], p: f32) {
+    for v in x.iter_mut() {
+        *v *= p;
+    }
 }
 
 impl SharePayload for Vec<f32> {
@@ -404,6 +417,54 @@ impl Ledger {
         operation: &'static str,
         recycle: &mut dyn FnMut(P),
     ) -> Result<(), CommError> {
+        self.collect_scaling(inbox, waiting, wait_up_to, None, x, w, operation, recycle)
+    }
+
+    /// [`Ledger::collect`] into an `x` whose kept share is `p * x` (a
+    /// round whose sends scaled as they copied, `scale_first = Some(p)`):
+    /// `x` is scaled in the first share's add, or on its own if none is
+    /// added, on every way out, errors included. The same bits as scaling
+    /// `x` first.
+    #[allow(clippy::too_many_arguments)] // the call's inputs, each used once
+    pub fn collect_scaling<P: SharePayload>(
+        &mut self,
+        inbox: &Inbox<P>,
+        waiting: &Waiting<'_>,
+        wait_up_to: Option<u64>,
+        mut scale_first: Option<f32>,
+        x: &mut [f32],
+        w: &mut f64,
+        operation: &'static str,
+        recycle: &mut dyn FnMut(P),
+    ) -> Result<(), CommError> {
+        let result = self.collect_inner(
+            inbox,
+            waiting,
+            wait_up_to,
+            &mut scale_first,
+            x,
+            w,
+            operation,
+            recycle,
+        );
+        if let Some(p) = scale_first {
+            scale(x, p);
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)] // the call's inputs, each used once
+    fn collect_inner<P: SharePayload>(
+        &mut self,
+        inbox: &Inbox<P>,
+        waiting: &Waiting<'_>,
+        wait_up_to: Option<u64>,
+        scale_first: &mut Option<f32>,
+        x: &mut [f32],
+        w: &mut f64,
+        operation: &'static str,
+        recycle: &mut dyn FnMut(P),
+    ) -> Result<(), CommError> {
         let Some(last) = self.last else {
             return Ok(()); // no round begun: nothing is ours to add yet
         };
@@ -441,7 +502,10 @@ impl Ledger {
         drop(st);
         // BTreeMap order: (round, sender).
         for ((round, from), share) in taken {
-            share.payload.add_into(x);
+            match scale_first.take() {
+                Some(p) => share.payload.scale_add_into(p, x),
+                None => share.payload.add_into(x),
+            }
             *w += share.weight;
             self.mass.shares_added += 1;
             self.mass.weight_added += share.weight;

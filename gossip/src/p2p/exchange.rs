@@ -82,9 +82,12 @@ impl P2pComm {
         })
     }
 
+    /// Adds the shares due into `(x, w)`; `scale_first`: `x` is still to
+    /// be scaled by it ([`Ledger::collect_scaling`]).
     fn collect(
         &mut self,
         wait_up_to: Option<u64>,
+        scale_first: Option<f32>,
         x: &mut [f32],
         w: &mut f64,
         op: &'static str,
@@ -112,10 +115,11 @@ impl P2pComm {
             check: &check,
         };
         let pool = &self.shared.pool;
-        let result = self.push.collect(
+        let result = self.push.collect_scaling(
             &self.shared.push_inbox,
             &waiting,
             wait_up_to,
+            scale_first,
             x,
             w,
             op,
@@ -176,8 +180,10 @@ impl P2pComm {
 /// The network's half of the shared push-sum send path: the share is scaled
 /// and encoded in one pass into a pooled buffer (the payload every out-peer
 /// gets, behind one `Arc`), and queued on each peer's link. A synchronous
-/// round on the data lane skips the buffer: `x` is scaled in place and lent
-/// to the lane's writers ([`super::lent`]) until the share is on the wire.
+/// round on the data lane skips the buffer and the scale: `x` is lent to
+/// the lane's writers ([`super::lent`]), which scale what they copy, until
+/// the share is on the wire; `x` is scaled as the in-peers' shares are
+/// added.
 impl ShareSink for P2pComm {
     type Share = Outgoing;
 
@@ -202,13 +208,13 @@ impl ShareSink for P2pComm {
             .as_ref()
             .filter(|_| lane && codec.is_none() && cfg!(target_endian = "little"));
         if let Some(slot) = slot {
-            for v in x.iter_mut() {
-                *v *= p;
-            }
+            // Not scaled here: the writers scale what they copy, and `x`
+            // is scaled as the shares are added (`push_sum`).
             // SAFETY: the round touches `x` again only after settling the
             // loan (`push_sum`), and revokes it on every way out.
-            let (lender, share) = unsafe { Lender::lend(x) };
+            let (lender, share) = unsafe { Lender::lend_scaled(x, Some(p)) };
             *lock(slot) = Some(lender);
+            self.scale_kept = Some(p);
             return Outgoing {
                 header: self.share_header(round, x.len(), w, 0),
                 payload: Payload::Lent(share),
@@ -297,17 +303,25 @@ impl Communicator for P2pComm {
             let slot = LendSlot::default();
             let guard = RevokeOnDrop(slot.clone());
             self.lend = Some(slot.clone());
+            self.scale_kept = None;
             let sent = send_half(round, x, w, self);
             self.lend = None;
             let settled = self.settle_lent(&slot, round);
             drop(guard);
-            sent?;
-            settled?;
-        } else {
-            send_half(round, x, w, self)?;
+            let kept = self.scale_kept.take();
+            if let Err(e) = sent.and(settled) {
+                // The share left unscaled `x`: our part of it is kept.
+                if let Some(p) = kept {
+                    crate::ledger::scale(x, p);
+                }
+                return Err(e);
+            }
+            let wait = round.round.checked_sub(round.staleness);
+            return self.collect(wait, kept, x, w, "push-sum");
         }
+        send_half(round, x, w, self)?;
         let wait = round.round.checked_sub(round.staleness);
-        self.collect(wait, x, w, "push-sum")
+        self.collect(wait, None, x, w, "push-sum")
     }
 
     fn shares_arrived(&mut self, up_to: u64) -> Result<bool, CommError> {
@@ -323,7 +337,7 @@ impl Communicator for P2pComm {
             });
         }
         self.runtime()?;
-        self.collect(Some(u64::MAX), x, w, "drain")
+        self.collect(Some(u64::MAX), None, x, w, "drain")
     }
 
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {

@@ -1,14 +1,19 @@
 //! A push-sum share lent to the lane's writers straight from the caller's
-//! scaled parameters, so that it is never copied into a share buffer.
+//! parameters, so that it is never copied into a share buffer (nor `x`
+//! scaled in a pass of its own: the writers scale what they copy).
 //!
 //! In a synchronous push-sum round (staleness 0) the caller's `x` stays
-//! untouched from the moment it is scaled until the in-peers' shares are
-//! added, and that add waits for our shares to be on the wire anyway. So
-//! instead of encoding `x` into a buffer (one more pass over the model
-//! through memory), the round lends `x`'s bytes (little-endian `f32`s are
-//! their own wire encoding) to the connections' writers, which copy each
-//! record into their own cache-sized record buffer as they go, as they
-//! would from a share buffer.
+//! untouched from the send until the in-peers' shares are added, and that
+//! add waits for our shares to be on the wire anyway. So instead of
+//! scaling `x` and encoding it into a buffer (two more passes over the
+//! model through memory), the round lends `x`'s bytes (little-endian
+//! `f32`s are their own wire encoding) with the share's factor to the
+//! connections' writers, which copy each record into their own cache-sized
+//! record buffer as they go and scale it there; the round scales the `x`
+//! it keeps in the same pass as it adds the first in-peer's share
+//! ([`crate::ledger::Ledger::collect_scaling`]), rounded as a multiply then
+//! an add, so the bits are those of scaling first. The ring's chunks are
+//! lent unscaled (a plaintext writer sends them straight from the buffer).
 //!
 //! The lender ([`Lender`]) waits until every holder ([`LentShare`]: the
 //! queued frames and the writers' jobs) is done before `x` is touched again
@@ -37,6 +42,9 @@ unsafe impl Sync for Source {}
 struct Loan {
     source: RwLock<Option<Source>>,
     len: usize,
+    /// The factor the holders multiply each `f32` by as they copy (a
+    /// push-sum share of unscaled `x`), or `None`: the bytes as they are.
+    scale: Option<f32>,
     holders: Mutex<usize>,
     released: Condvar,
 }
@@ -76,6 +84,17 @@ impl Lender {
     /// [`Lender::settle`]; the ring writes a place of its buffer only
     /// after settling the chunks lent from there).
     pub(crate) unsafe fn lend(x: &[f32]) -> (Self, LentShare) {
+        // SAFETY: the caller's contract.
+        unsafe { Self::lend_scaled(x, None) }
+    }
+
+    /// Lends `x`, whose holders copy `scale * x[i]` (as `f32` LE bytes)
+    /// when `scale` is set: a push-sum share sent without scaling `x`
+    /// first.
+    ///
+    /// # Safety
+    /// As [`Lender::lend`].
+    pub(crate) unsafe fn lend_scaled(x: &[f32], scale: Option<f32>) -> (Self, LentShare) {
         let len = std::mem::size_of_val(x);
         let loan = Arc::new(Loan {
             source: RwLock::new(Some(Source {
@@ -83,6 +102,7 @@ impl Lender {
                 len,
             })),
             len,
+            scale,
             holders: Mutex::new(1),
             released: Condvar::new(),
         });
@@ -130,8 +150,16 @@ impl LentShare {
         self.loan.len
     }
 
+    /// Whether the holders scale what they copy ([`Lender::lend_scaled`]):
+    /// then the bytes are not the wire's, and only
+    /// [`LentShare::copy_into`] reads them.
+    pub(crate) fn scaled(&self) -> bool {
+        self.loan.scale.is_some()
+    }
+
     /// Runs `f` on the lent bytes of `range`, under the loan's read lock
     /// (so `f` must not wait: a copy, or one non-blocking socket write).
+    /// The bytes as lent: a scaled loan's are not scaled.
     pub(crate) fn with_bytes<R>(
         &self,
         range: std::ops::Range<usize>,
@@ -151,16 +179,27 @@ impl LentShare {
         Ok(f(&bytes[range]))
     }
 
-    /// Copies the lent bytes of `range` into `out` (cleared first).
+    /// Copies the lent bytes of `range` into `out` (cleared first), each
+    /// `f32` scaled by a scaled loan's factor (`range` then lies on whole
+    /// values).
     pub(crate) fn copy_into(
         &self,
         range: std::ops::Range<usize>,
         out: &mut Vec<u8>,
     ) -> Result<(), Revoked> {
+        let scale = self.loan.scale;
         self.with_bytes(range, |bytes| {
             out.clear();
             out.extend_from_slice(bytes);
-        })
+        })?;
+        // Scaled in the copy, while it is in the cache.
+        if let Some(p) = scale {
+            for o in out.chunks_exact_mut(4) {
+                let v = f32::from_le_bytes([o[0], o[1], o[2], o[3]]) * p;
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        Ok(())
     }
 
     /// All the lent bytes in a new buffer from `pool` (for a path that
@@ -222,6 +261,28 @@ mod tests {
         // Settled only once the last holder had copied and let go.
         assert!(copied.load(Ordering::SeqCst));
         assert_eq!(writer.join().unwrap(), 16);
+    }
+
+    #[test]
+    fn a_scaled_loan_copies_the_scaled_values_and_leaves_x() {
+        let x = vec![1.5f32, -2.0, 3.25, 1e-3];
+        let p = 1.0f32 / 3.0;
+        // SAFETY: `x` outlives the lender and is not changed.
+        let (lender, share) = unsafe { Lender::lend_scaled(&x, Some(p)) };
+        assert!(share.scaled());
+        let mut out = Vec::new();
+        share.copy_into(4..16, &mut out).unwrap();
+        let want: Vec<u8> = x[1..].iter().flat_map(|v| (v * p).to_le_bytes()).collect();
+        assert_eq!(out, want);
+        let pool = crate::p2p::payload::BufferPool::new(2, 1 << 20);
+        let all = share.to_vec(&pool).unwrap();
+        let want: Vec<u8> = x.iter().flat_map(|v| (v * p).to_le_bytes()).collect();
+        assert_eq!(all, want);
+        drop(share);
+        lender
+            .settle(Duration::from_millis(1), || Ok::<(), ()>(()))
+            .unwrap();
+        assert_eq!(x, [1.5, -2.0, 3.25, 1e-3]);
     }
 
     #[test]

@@ -250,6 +250,26 @@ impl crate::ledger::SharePayload for LeBytes {
             }
         }
     }
+
+    fn scale_add_into(&self, p: f32, x: &mut [f32]) {
+        // Parts that cover `x` end to end: one pass, scaling as it adds.
+        let mut at = 0;
+        let whole = self.coded.is_none()
+            && self.parts.iter().all(|(offset, bytes)| {
+                let ok = *offset == at;
+                at += bytes.len() / 4;
+                ok
+            })
+            && at == x.len();
+        if !whole {
+            crate::ledger::scale(x, p);
+            self.add_into(x);
+            return;
+        }
+        for (offset, bytes) in &self.parts {
+            crate::le::scale_add_bytes(&mut x[*offset..], p, bytes);
+        }
+    }
 }
 
 /// Recycled payload buffers, bounded in count and bytes.

@@ -228,6 +228,7 @@ impl PendingJoin {
             lanes: self.lanes.clone(),
             pending_joiners: Vec::new(),
             lend: None,
+            scale_kept: None,
         })
     }
 }

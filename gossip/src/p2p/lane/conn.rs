@@ -175,15 +175,18 @@ async fn write_loop(
             }
             stream.write_all(&record).await?;
             match &payload {
-                Some(p) if encrypted => {
-                    // Each record copied into the record buffer, which
-                    // stays in the cache for the seal and the socket.
+                Some(p) if encrypted || matches!(p, Payload::Lent(l) if l.scaled()) => {
+                    // Each record copied (and a scaled loan's scaled) into
+                    // the record buffer, which stays in the cache for the
+                    // seal and the socket.
                     for start in range.clone().step_by(RECORD) {
                         let end = (start + RECORD).min(range.end);
                         p.copy_into(start..end, &mut record)
                             .map_err(std::io::Error::other)?;
-                        let tag = sealer.seal(&mut record);
-                        record.extend_from_slice(&tag);
+                        if encrypted {
+                            let tag = sealer.seal(&mut record);
+                            record.extend_from_slice(&tag);
+                        }
                         stream.write_all(&record).await?;
                         shared.activity.touch(&peer);
                     }

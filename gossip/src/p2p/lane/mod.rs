@@ -17,10 +17,11 @@
 //! A message (a push-sum share or an all-reduce chunk) is cut into up to K
 //! parts, one per connection, each a fixed binary header ([`frame`]) and the
 //! payload in records of 1 MiB. A synchronous push-sum share is not copied
-//! into a buffer first: the writers read it from the caller's scaled
-//! parameters, lent for the round ([`super::lent`]), each sealed record
-//! through the cache-sized record buffer, plaintext straight into the
-//! socket. The receiver reads each record into the part's own buffer and
+//! into a buffer first: the writers read it from the caller's parameters,
+//! lent for the round ([`super::lent`]), and scale each record as they copy
+//! it into the cache-sized record buffer (then sealed, or sent as it is);
+//! a ring's chunks are lent unscaled, and the plaintext writer sends them
+//! straight into the socket. The receiver reads each record into the part's own buffer and
 //! opens it there (plaintext in 128 KiB pieces, scanned for non-finite
 //! values while in the cache); push-sum parts are added straight from their
 //! buffers, all-reduce parts are handed on in the sender's order. A ring
