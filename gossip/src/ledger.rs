@@ -437,82 +437,61 @@ impl Ledger {
         operation: &'static str,
         recycle: &mut dyn FnMut(P),
     ) -> Result<(), CommError> {
-        let result = self.collect_inner(
-            inbox,
-            waiting,
-            wait_up_to,
-            &mut scale_first,
-            x,
-            w,
-            operation,
-            recycle,
-        );
+        // Every way out of the collection below scales `x` if no add did.
+        let result = (|| -> Result<(), CommError> {
+            let Some(last) = self.last else {
+                return Ok(()); // no round begun: nothing is ours to add yet
+            };
+            let mut st = match wait_up_to {
+                Some(up_to) => self.wait_locked(inbox, up_to, waiting, operation)?,
+                None => lock(&inbox.state),
+            };
+            let take_up_to = match (self.mixing, wait_up_to) {
+                (Mixing::Arrived, _) => last,
+                (Mixing::Due, Some(up_to)) => up_to.min(last),
+                (Mixing::Due, None) => return Ok(()),
+            };
+            let range = ..=(take_up_to, Rank::MAX);
+            if let Some((&(round, from), share)) = st
+                .shares
+                .range(range)
+                .find(|(_, s)| s.payload.floats() != x.len())
+            {
+                return Err(CommError::Protocol(format!(
+                    "push-sum share of round {round} from {} holds {} floats where this rank has {}",
+                    (waiting.peer_name)(from),
+                    share.payload.floats(),
+                    x.len()
+                )));
+            }
+            let keys: Vec<(u64, Rank)> = st.shares.range(range).map(|(k, _)| *k).collect();
+            let mut taken = Vec::with_capacity(keys.len());
+            for key in keys {
+                let share = st.shares.remove(&key).expect("key listed above");
+                if let Some(n) = st.buffered.get_mut(&key.1) {
+                    *n = n.saturating_sub(1);
+                }
+                taken.push((key, share));
+            }
+            drop(st);
+            // BTreeMap order: (round, sender).
+            for ((round, from), share) in taken {
+                match scale_first.take() {
+                    Some(p) => share.payload.scale_add_into(p, x),
+                    None => share.payload.add_into(x),
+                }
+                *w += share.weight;
+                self.mass.shares_added += 1;
+                self.mass.weight_added += share.weight;
+                recycle(share.payload);
+                self.forgo(round, from);
+            }
+            Ok(())
+        })();
         if let Some(p) = scale_first {
             scale(x, p);
         }
         result
-    }
-
-    #[allow(clippy::too_many_arguments)] // the call's inputs, each used once
-    fn collect_inner<P: SharePayload>(
-        &mut self,
-        inbox: &Inbox<P>,
-        waiting: &Waiting<'_>,
-        wait_up_to: Option<u64>,
-        scale_first: &mut Option<f32>,
-        x: &mut [f32],
-        w: &mut f64,
-        operation: &'static str,
-        recycle: &mut dyn FnMut(P),
-    ) -> Result<(), CommError> {
-        let Some(last) = self.last else {
-            return Ok(()); // no round begun: nothing is ours to add yet
-        };
-        let mut st = match wait_up_to {
-            Some(up_to) => self.wait_locked(inbox, up_to, waiting, operation)?,
-            None => lock(&inbox.state),
-        };
-        let take_up_to = match (self.mixing, wait_up_to) {
-            (Mixing::Arrived, _) => last,
-            (Mixing::Due, Some(up_to)) => up_to.min(last),
-            (Mixing::Due, None) => return Ok(()),
-        };
-        let range = ..=(take_up_to, Rank::MAX);
-        if let Some((&(round, from), share)) = st
-            .shares
-            .range(range)
-            .find(|(_, s)| s.payload.floats() != x.len())
-        {
-            return Err(CommError::Protocol(format!(
-                "push-sum share of round {round} from {} holds {} floats where this rank has {}",
-                (waiting.peer_name)(from),
-                share.payload.floats(),
-                x.len()
-            )));
-        }
-        let keys: Vec<(u64, Rank)> = st.shares.range(range).map(|(k, _)| *k).collect();
-        let mut taken = Vec::with_capacity(keys.len());
-        for key in keys {
-            let share = st.shares.remove(&key).expect("key listed above");
-            if let Some(n) = st.buffered.get_mut(&key.1) {
-                *n = n.saturating_sub(1);
-            }
-            taken.push((key, share));
-        }
-        drop(st);
-        // BTreeMap order: (round, sender).
-        for ((round, from), share) in taken {
-            match scale_first.take() {
-                Some(p) => share.payload.scale_add_into(p, x),
-                None => share.payload.add_into(x),
-            }
-            *w += share.weight;
-            self.mass.shares_added += 1;
-            self.mass.weight_added += share.weight;
-            recycle(share.payload);
-            self.forgo(round, from);
-        }
-        Ok(())
     }
 }
 

@@ -134,11 +134,22 @@ pub(crate) trait Links {
         buf: &mut [f32],
     ) -> Result<ChunkHeader, CommError> {
         let _ = next;
-        let (_, h, values) = self.recv(std::slice::from_ref(expected))?;
-        // `Expected::check` passed: the chunk lies inside the buffer.
-        self.apply(values, &mut buf[h.offset..h.offset + h.len], add)?;
-        Ok(h)
+        recv_then_apply(self, expected, add, buf)
     }
+}
+
+/// [`Links::recv_into`] without landing: the chunk is received whole, then
+/// applied in its place.
+pub(crate) fn recv_then_apply<L: Links + ?Sized>(
+    links: &mut L,
+    expected: &Expected,
+    add: bool,
+    buf: &mut [f32],
+) -> Result<ChunkHeader, CommError> {
+    let (_, h, values) = links.recv(std::slice::from_ref(expected))?;
+    // `Expected::check` passed: the chunk lies inside the buffer.
+    links.apply(values, &mut buf[h.offset..h.offset + h.len], add)?;
+    Ok(h)
 }
 
 /// How an all-reduce moves its segments (see the [module docs](self)).

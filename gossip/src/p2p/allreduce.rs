@@ -24,7 +24,7 @@ use super::payload::{add_bytes, copy_bytes, encode_for};
 use super::state::{ReduceMsg, Shared, View};
 use super::wait::{Stopped, block_on_active};
 use super::wire::{DType, Header, Kind, Reject, WIRE_VERSION, encode_header};
-use crate::ring::{ChunkHeader, Expected, Links, Phase, all_reduce};
+use crate::ring::{ChunkHeader, Expected, Links, Phase, all_reduce, recv_then_apply};
 use crate::{CommError, Rank};
 
 fn kind_of(phase: Phase) -> Kind {
@@ -413,9 +413,7 @@ impl Links for Ring<'_> {
         buf: &mut [f32],
     ) -> Result<ChunkHeader, CommError> {
         if !self.lands() {
-            let (_, h, values) = self.recv(std::slice::from_ref(expected))?;
-            self.apply(values, &mut buf[h.offset..h.offset + h.len], add)?;
-            return Ok(h);
+            return recv_then_apply(self, expected, add, buf);
         }
         // Nothing sent from where parts land may still be on its way: the
         // current step's rest is settled, the next step's is opened only
