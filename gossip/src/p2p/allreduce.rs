@@ -17,7 +17,7 @@ use std::time::Instant;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
-use super::landing::Landing;
+use super::landing::{Landing, overlaps};
 use super::lent::Lender;
 use super::links::{Link, Outgoing, Payload};
 use super::payload::{add_bytes, copy_bytes, encode_for};
@@ -26,13 +26,6 @@ use super::wait::{Stopped, block_on_active};
 use super::wire::{DType, Header, Kind, Reject, WIRE_VERSION, encode_header};
 use crate::ring::{ChunkHeader, Expected, Links, Phase, all_reduce, recv_then_apply};
 use crate::{CommError, Rank};
-
-fn kind_of(phase: Phase) -> Kind {
-    match phase {
-        Phase::ReduceScatter => Kind::ReduceScatter,
-        Phase::AllGather => Kind::AllGather,
-    }
-}
 
 /// Everything one collective needs.
 pub(crate) struct Ring<'a> {
@@ -173,11 +166,8 @@ impl Ring<'_> {
     /// Waits until the chunks lent from the buffer where it overlaps
     /// `into` are on their way (all of them, with `None`); the loans end.
     fn settle(&mut self, into: Option<std::ops::Range<usize>>) -> Result<(), CommError> {
-        let overlaps = |c: &LentChunk| {
-            into.as_ref()
-                .is_none_or(|r| c.at.start < r.end && r.start < c.at.end)
-        };
-        while let Some(i) = self.lent.iter().position(overlaps) {
+        let under = |c: &LentChunk| into.as_ref().is_none_or(|r| overlaps(&c.at, r));
+        while let Some(i) = self.lent.iter().position(under) {
             let chunk = self.lent.swap_remove(i);
             let peer = self.view.members[chunk.to];
             let (started, wait) = (Instant::now(), self.shared.cfg.peer_timeout);
@@ -195,7 +185,7 @@ impl Ring<'_> {
     /// Whether every chunk lent from where `at` lies is on its way (those
     /// loans end), without waiting.
     fn settled_over(&mut self, at: std::ops::Range<usize>) -> bool {
-        let over = |c: &LentChunk| c.at.start < at.end && at.start < c.at.end;
+        let over = |c: &LentChunk| overlaps(&c.at, &at);
         if self.lent.iter().any(|c| over(c) && !c.lender.settled()) {
             return false;
         }
@@ -339,7 +329,7 @@ pub(super) fn chunk_verdict(
             h.step,
             h.kind,
             e.step,
-            kind_of(e.phase)
+            Kind::of_phase(e.phase)
         )));
     }
     if h.kind == Kind::PushSum {
@@ -364,7 +354,12 @@ impl Links for Ring<'_> {
                 weight: chunk.scalar,
                 offset: chunk.offset as u64,
                 total: chunk.total as u64,
-                ..self.header(kind_of(chunk.phase), chunk.step, values.len() as u64, 0)
+                ..self.header(
+                    Kind::of_phase(chunk.phase),
+                    chunk.step,
+                    values.len() as u64,
+                    0,
+                )
             };
             // SAFETY: `values` is the caller's buffer, alive for the ring;
             // `apply` settles this loan before writing where it lies, and
@@ -388,7 +383,12 @@ impl Links for Ring<'_> {
             weight: chunk.scalar,
             offset: chunk.offset as u64,
             total: chunk.total as u64,
-            ..self.header(kind_of(chunk.phase), chunk.step, values.len() as u64, sum)
+            ..self.header(
+                Kind::of_phase(chunk.phase),
+                chunk.step,
+                values.len() as u64,
+                sum,
+            )
         };
         self.send_frame(to, header, payload)
     }

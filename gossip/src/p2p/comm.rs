@@ -63,9 +63,6 @@ pub struct P2pComm {
     /// Set during a synchronous push-sum round's send: the share may be
     /// lent from `x` ([`super::lent`]).
     pub(super) lend: Option<super::lent::LendSlot>,
-    /// The factor of a share lent unscaled this round ([`super::lent`]):
-    /// `x` is scaled as the in-peers' shares are added.
-    pub(super) scale_kept: Option<f32>,
 }
 
 impl P2pComm {

@@ -214,7 +214,6 @@ impl ShareSink for P2pComm {
             // loan (`push_sum`), and revokes it on every way out.
             let (lender, share) = unsafe { Lender::lend_scaled(x, Some(p)) };
             *lock(slot) = Some(lender);
-            self.scale_kept = Some(p);
             return Outgoing {
                 header: self.share_header(round, x.len(), w, 0),
                 payload: Payload::Lent(share),
@@ -303,12 +302,12 @@ impl Communicator for P2pComm {
             let slot = LendSlot::default();
             let guard = RevokeOnDrop(slot.clone());
             self.lend = Some(slot.clone());
-            self.scale_kept = None;
             let sent = send_half(round, x, w, self);
             self.lend = None;
+            // A share lent unscaled leaves `x` to scale as shares are added.
+            let kept = lock(&slot).as_ref().and_then(|lender| lender.scale());
             let settled = self.settle_lent(&slot, round);
             drop(guard);
-            let kept = self.scale_kept.take();
             if let Err(e) = sent.and(settled) {
                 // The share left unscaled `x`: our part of it is kept.
                 if let Some(p) = kept {

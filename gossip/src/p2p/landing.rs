@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::payload::{add_bytes, copy_bytes};
 use super::wire::{Header, Kind};
 use crate::Rank;
-use crate::ring::{Expected, Phase};
+use crate::ring::Expected;
 
 /// Where the ring wants its next parts written; see the module docs.
 #[derive(Default)]
@@ -82,11 +82,9 @@ pub(crate) struct Claim {
 #[derive(Debug)]
 pub(crate) struct Closed;
 
-fn kind_of(phase: Phase) -> Kind {
-    match phase {
-        Phase::ReduceScatter => Kind::ReduceScatter,
-        Phase::AllGather => Kind::AllGather,
-    }
+/// Whether two ranges share an element.
+pub(crate) fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
 }
 
 impl Landing {
@@ -113,7 +111,7 @@ impl Landing {
             .iter()
             .map(|(e, add)| Window {
                 from: e.from,
-                kind: kind_of(e.phase),
+                kind: Kind::of_phase(e.phase),
                 step: e.step,
                 total: e.total as u64,
                 cursor: e.cursor,
@@ -162,7 +160,7 @@ impl Landing {
                 && start >= w.cursor
                 && end <= w.end
         })?;
-        if z.claimed.iter().any(|r| r.start < end && start < r.end) {
+        if z.claimed.iter().any(|r| overlaps(r, &(start..end))) {
             return None;
         }
         let add = w.add;
@@ -177,23 +175,16 @@ impl Landing {
     /// Writes `bytes` (`f32` LE, checked finite), element `at` on of the
     /// claimed part, into the buffer: added or copied as the ring said.
     pub(crate) fn write(&self, claim: &Claim, at: usize, bytes: &[u8]) -> Result<(), Closed> {
-        let zone = self.zone.read().unwrap_or_else(|e| e.into_inner());
-        let Some(z) = zone.as_ref().filter(|z| z.id == claim.id) else {
-            return Err(Closed);
-        };
-        let start = claim.at.start + at;
-        let n = (bytes.len() / 4).min(claim.at.end.saturating_sub(start));
-        // SAFETY: `start..start + n` lies inside the claimed range, which
-        // lies inside the buffer of the zone that is still open (`expect`'s
-        // contract); no one else touches a claimed range, and ranges are
-        // claimed once.
-        let into = unsafe { std::slice::from_raw_parts_mut((z.origin + 4 * start) as *mut f32, n) };
-        if claim.add {
-            add_bytes(into, bytes);
-        } else {
-            copy_bytes(into, bytes);
-        }
-        Ok(())
+        self.with_place(claim, 4 * at, bytes.len() / 4 * 4, |place| {
+            // Whole `f32`s of the buffer: its element 0 is aligned and the
+            // place starts and ends on elements.
+            let into: &mut [f32] = bytemuck::cast_slice_mut(place);
+            if claim.add {
+                add_bytes(into, bytes);
+            } else {
+                copy_bytes(into, bytes);
+            }
+        })
     }
 
     /// Runs `f` on the bytes of the claimed part's place from byte `at` on
@@ -213,8 +204,9 @@ impl Landing {
         };
         let start = 4 * claim.at.start + at;
         let n = len.min((4 * claim.at.end).saturating_sub(start));
-        // SAFETY: as in `write`: the bytes lie inside the claimed range of
-        // the zone still open, which only this claim's holder touches.
+        // SAFETY: the bytes lie inside the claimed range, which lies inside
+        // the buffer of the zone that is still open (`expect`'s contract);
+        // no one else touches a claimed range, and ranges are claimed once.
         let place = unsafe { std::slice::from_raw_parts_mut((z.origin + start) as *mut u8, n) };
         Ok(f(place))
     }
@@ -224,10 +216,7 @@ impl Landing {
     pub(crate) fn reserve(&self, at: &Range<usize>) -> bool {
         let mut zone = self.zone.write().unwrap_or_else(|e| e.into_inner());
         let Some(z) = zone.as_mut() else { return true };
-        if z.claimed
-            .iter()
-            .any(|r| r.start < at.end && at.start < r.end)
-        {
+        if z.claimed.iter().any(|r| overlaps(r, at)) {
             return false;
         }
         z.claimed.push(at.clone());
@@ -244,6 +233,7 @@ impl Landing {
 mod tests {
     use super::*;
     use crate::p2p::wire::{DType, WIRE_VERSION};
+    use crate::ring::Phase;
 
     fn expected(step: u32, cursor: usize, segment: Range<usize>) -> Expected {
         Expected {

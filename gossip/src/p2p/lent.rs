@@ -109,6 +109,11 @@ impl Lender {
         (Self { loan: loan.clone() }, LentShare { loan })
     }
 
+    /// The factor the holders scale by ([`Lender::lend_scaled`]).
+    pub(crate) fn scale(&self) -> Option<f32> {
+        self.loan.scale
+    }
+
     /// Whether no holder is left (the share is on its way), without waiting.
     pub(crate) fn settled(&self) -> bool {
         *lock(&self.loan.holders) == 0

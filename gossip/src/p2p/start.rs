@@ -228,7 +228,6 @@ impl PendingJoin {
             lanes: self.lanes.clone(),
             pending_joiners: Vec::new(),
             lend: None,
-            scale_kept: None,
         })
     }
 }

@@ -58,6 +58,16 @@ pub enum Kind {
     Exchange,
 }
 
+impl Kind {
+    /// The frame kind of a ring phase's chunks.
+    pub(crate) fn of_phase(phase: crate::ring::Phase) -> Self {
+        match phase {
+            crate::ring::Phase::ReduceScatter => Kind::ReduceScatter,
+            crate::ring::Phase::AllGather => Kind::AllGather,
+        }
+    }
+}
+
 /// Element type of the payload: `f32` for tensors, `u64` for the words of
 /// a typed collective (an `f64` travels as its bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

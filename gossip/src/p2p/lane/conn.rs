@@ -438,14 +438,8 @@ impl Reader<'_> {
         let piece = if self.encrypted { RECORD } else { SCAN_PIECE };
         for piece in buf.chunks_mut(piece) {
             self.record(piece).await?;
-            if floats
-                && has_non_finite(piece)
-                && let Some((i, value)) = first_non_finite(piece)
-            {
-                return Err(Stop::Rejected(Reject::NonFinite {
-                    index: at + i,
-                    value,
-                }));
+            if floats {
+                finite(piece, at)?;
             }
             at += piece.len() / 4;
         }
@@ -493,24 +487,12 @@ impl Reader<'_> {
                 }
             }
             shared.activity.touch(&self.session.peer);
-            let bad = match open {
-                true => shared
+            if open {
+                // A zone closed since took nothing to check.
+                let checked = shared
                     .landing
-                    .with_place(claim, at, end - at, |piece| {
-                        if has_non_finite(piece) {
-                            first_non_finite(piece)
-                        } else {
-                            None
-                        }
-                    })
-                    .unwrap_or(None),
-                false => None,
-            };
-            if let Some((i, value)) = bad {
-                return Err(Stop::Rejected(Reject::NonFinite {
-                    index: at / 4 + i,
-                    value,
-                }));
+                    .with_place(claim, at, end - at, |piece| finite(piece, at / 4));
+                checked.unwrap_or(Ok(()))?;
             }
             at = end;
         }
@@ -534,19 +516,26 @@ impl Reader<'_> {
             let n = (bytes - at).min(piece);
             let record = &mut scratch[..n];
             self.record(record).await?;
-            if has_non_finite(record)
-                && let Some((i, value)) = first_non_finite(record)
-            {
-                return Err(Stop::Rejected(Reject::NonFinite {
-                    index: at / 4 + i,
-                    value,
-                }));
-            }
+            finite(record, at / 4)?;
             open = open && self.shared.landing.write(claim, at / 4, record).is_ok();
             at += n;
         }
         Ok(())
     }
+}
+
+/// Refuses a piece of an `f32` payload, the one from value `at` on, that
+/// holds an infinity or a NaN (named with its index in the payload).
+fn finite(piece: &[u8], at: usize) -> Result<(), Stop> {
+    if has_non_finite(piece)
+        && let Some((i, value)) = first_non_finite(piece)
+    {
+        return Err(Stop::Rejected(Reject::NonFinite {
+            index: at + i,
+            value,
+        }));
+    }
+    Ok(())
 }
 
 async fn read_loop(
