@@ -9,7 +9,7 @@
 //! to another place fails to open.
 
 use libp2p::PeerId;
-use ring::{aead, hkdf, hmac};
+use aws_lc_rs::{aead, hkdf, hmac};
 
 /// Bytes of each side's key contribution and of the session id.
 pub const CONTRIBUTION: usize = 32;
@@ -163,22 +163,16 @@ impl Opener<'_> {
     /// by the peer on this connection.
     pub fn open(&mut self, data: &mut [u8], tag: [u8; TAG]) -> bool {
         self.key
-            .open_in_place_separate_tag(
-                self.nonces.next(),
-                aead::Aad::empty(),
-                aead::Tag::from(tag),
-                data,
-                0..,
-            )
+            .open_in_place_separate_tag(self.nonces.next(), aead::Aad::empty(), &tag, data)
             .is_ok()
     }
 }
 
 /// Fresh random bytes from the operating system.
 pub(crate) fn random<const N: usize>() -> Result<[u8; N], String> {
-    use ring::rand::SecureRandom;
+    use aws_lc_rs::rand::SecureRandom;
     let mut out = [0u8; N];
-    ring::rand::SystemRandom::new()
+    aws_lc_rs::rand::SystemRandom::new()
         .fill(&mut out)
         .map_err(|_| "the operating system's random source failed".to_string())?;
     Ok(out)
