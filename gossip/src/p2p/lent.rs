@@ -195,15 +195,28 @@ impl LentShare {
         let scale = self.loan.scale;
         self.with_bytes(range, |bytes| {
             out.clear();
-            out.extend_from_slice(bytes);
-        })?;
-        // Scaled in the copy, while it is in the cache.
-        if let Some(p) = scale {
-            for o in out.chunks_exact_mut(4) {
-                let v = f32::from_le_bytes([o[0], o[1], o[2], o[3]]) * p;
-                o.copy_from_slice(&v.to_le_bytes());
+            match scale {
+                None => out.extend_from_slice(bytes),
+                // Scaled as it is copied: one pass.
+                Some(p) => {
+                    assert!(
+                        bytes.len() % 4 == 0,
+                        "a scaled loan is lent in whole values"
+                    );
+                    out.reserve(bytes.len());
+                    let spare = &mut out.spare_capacity_mut()[..bytes.len()];
+                    for (o, v) in spare.chunks_exact_mut(4).zip(bytes.chunks_exact(4)) {
+                        let v = f32::from_le_bytes([v[0], v[1], v[2], v[3]]) * p;
+                        for (o, b) in o.iter_mut().zip(v.to_le_bytes()) {
+                            o.write(b);
+                        }
+                    }
+                    // SAFETY: the loop wrote all `bytes.len()` bytes, a
+                    // whole number of values.
+                    unsafe { out.set_len(bytes.len()) };
+                }
             }
-        }
+        })?;
         Ok(())
     }
 

@@ -19,12 +19,12 @@ use tokio::sync::mpsc;
 use super::check::{check_frame, check_session_view};
 use super::crypto::{SESSION_ID, TAG, random};
 use super::frame::{FrameHeader, FrameKind, HEADER, RECORD};
+use super::reader::{Reader, Stop};
 use super::{DataLane, Job, Lanes, MAX_CONNECTIONS, Session, WRITER_QUEUE};
 use crate::p2p::inbound::{self, Active, view_for};
 use crate::p2p::links::Payload;
-use crate::p2p::payload::{first_non_finite, has_non_finite};
 use crate::p2p::state::{ReduceMsg, Shared};
-use crate::p2p::wire::{DType, Kind, ReadError, Reject};
+use crate::p2p::wire::{DType, Kind, Reject};
 use crate::sync::lock;
 
 const MAGIC: &[u8; 8] = b"SLOWLANE";
@@ -34,8 +34,6 @@ const HELLO: usize = 8 + 1 + 1 + 2 + SESSION_ID + 16 + 32;
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The byte that confirms an end frame.
 const DONE: u8 = 0x5a;
-/// Bytes of a plaintext payload read (and scanned) at a time.
-const SCAN_PIECE: usize = 128 << 10;
 /// Name of the lane in logs and rejection counts.
 pub(crate) const LANE: &str = "data-lane";
 
@@ -372,170 +370,6 @@ async fn check_hello(
         .await
         .map_err(|e| format!("answering: {e}"))?;
     Ok((session, index, stream))
-}
-
-/// Why a connection's reading stopped.
-enum Stop {
-    /// The peer broke the connection (or the node stops).
-    Io(std::io::Error),
-    /// A frame we refuse: the connection is out of step now and is closed.
-    Rejected(Reject),
-    /// A frame of a view we have left: the connection is closed without
-    /// blame (its sender has left that view too, or soon will).
-    Stale { view: u64, ours: u64 },
-}
-
-impl From<ReadError> for Stop {
-    fn from(e: ReadError) -> Self {
-        match e {
-            ReadError::Stale { view, ours } => Stop::Stale { view, ours },
-            ReadError::Rejected(r) => Stop::Rejected(r),
-            ReadError::Io(e) => Stop::Io(e),
-            ReadError::Eof => Stop::Io(std::io::ErrorKind::UnexpectedEof.into()),
-        }
-    }
-}
-
-impl From<std::io::Error> for Stop {
-    fn from(e: std::io::Error) -> Self {
-        Stop::Io(e)
-    }
-}
-
-struct Reader<'a> {
-    shared: &'a Shared,
-    lanes: &'a Lanes,
-    session: &'a Session,
-    stream: TcpStream,
-    opener: super::crypto::Opener<'a>,
-    encrypted: bool,
-}
-
-impl Reader<'_> {
-    /// Reads one record of `buf.len()` bytes into `buf` and opens it there.
-    async fn record(&mut self, buf: &mut [u8]) -> Result<(), Stop> {
-        self.stream.read_exact(buf).await?;
-        if self.encrypted {
-            let mut tag = [0u8; TAG];
-            self.stream.read_exact(&mut tag).await?;
-            if !self.opener.open(buf, tag) {
-                return Err(Stop::Rejected(Reject::MalformedHeader(
-                    "a lane record failed authentication".into(),
-                )));
-            }
-        }
-        self.shared.activity.touch(&self.session.peer);
-        Ok(())
-    }
-
-    /// Reads a payload of `bytes` into `buf` a record at a time; `f32`
-    /// payloads are scanned for infinities and NaNs record by record.
-    async fn payload(&mut self, buf: &mut [u8], floats: bool) -> Result<(), Stop> {
-        let mut at = 0;
-        // Sealed records are read whole; plaintext bytes in pieces small
-        // enough that the scan reads them from the cache the socket's copy
-        // left them in.
-        let piece = if self.encrypted { RECORD } else { SCAN_PIECE };
-        for piece in buf.chunks_mut(piece) {
-            self.record(piece).await?;
-            if floats {
-                finite(piece, at)?;
-            }
-            at += piece.len() / 4;
-        }
-        Ok(())
-    }
-}
-
-impl Reader<'_> {
-    /// Reads a claimed plaintext all-reduce part that is copied (the
-    /// all-gather) straight into its place, a piece at a time, each piece
-    /// checked finite while in the cache. A zone closed meanwhile (the ring
-    /// gave up) takes no more bytes; the part is read to its end.
-    async fn land_in_place(
-        &mut self,
-        claim: &crate::p2p::landing::Claim,
-        bytes: usize,
-        scratch: &mut Vec<u8>,
-    ) -> Result<(), Stop> {
-        let shared = self.shared;
-        let (mut at, mut open) = (0, true);
-        while at < bytes {
-            let end = (at + SCAN_PIECE).min(bytes);
-            let mut got = at;
-            while got < end {
-                self.stream.readable().await?;
-                let stream = &self.stream;
-                let read = match open {
-                    true => shared
-                        .landing
-                        .with_place(claim, got, end - got, |place| stream.try_read(place)),
-                    false => Err(crate::p2p::landing::Closed),
-                };
-                let read = read.unwrap_or_else(|_| {
-                    open = false;
-                    scratch.resize(SCAN_PIECE, 0);
-                    stream.try_read(&mut scratch[..end - got])
-                });
-                match read {
-                    Ok(0) => {
-                        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-                    }
-                    Ok(n) => got += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            shared.activity.touch(&self.session.peer);
-            if open {
-                // A zone closed since took nothing to check.
-                let checked = shared
-                    .landing
-                    .with_place(claim, at, end - at, |piece| finite(piece, at / 4));
-                checked.unwrap_or(Ok(()))?;
-            }
-            at = end;
-        }
-        Ok(())
-    }
-
-    /// Reads a claimed all-reduce part of `bytes` a record at a time into
-    /// `scratch`, checks each is finite and writes it into the ring's
-    /// buffer ([`crate::p2p::landing`]). A zone closed meanwhile (the ring
-    /// gave up) takes no more writes; the part is read to its end.
-    async fn land(
-        &mut self,
-        claim: &crate::p2p::landing::Claim,
-        bytes: usize,
-        scratch: &mut Vec<u8>,
-    ) -> Result<(), Stop> {
-        let piece = if self.encrypted { RECORD } else { SCAN_PIECE };
-        scratch.resize(piece.min(bytes), 0);
-        let (mut at, mut open) = (0, true);
-        while at < bytes {
-            let n = (bytes - at).min(piece);
-            let record = &mut scratch[..n];
-            self.record(record).await?;
-            finite(record, at / 4)?;
-            open = open && self.shared.landing.write(claim, at / 4, record).is_ok();
-            at += n;
-        }
-        Ok(())
-    }
-}
-
-/// Refuses a piece of an `f32` payload, the one from value `at` on, that
-/// holds an infinity or a NaN (named with its index in the payload).
-fn finite(piece: &[u8], at: usize) -> Result<(), Stop> {
-    if has_non_finite(piece)
-        && let Some((i, value)) = first_non_finite(piece)
-    {
-        return Err(Stop::Rejected(Reject::NonFinite {
-            index: at + i,
-            value,
-        }));
-    }
-    Ok(())
 }
 
 async fn read_loop(

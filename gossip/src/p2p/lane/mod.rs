@@ -41,6 +41,7 @@ pub mod frame;
 mod offer;
 mod order;
 mod probe;
+mod reader;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
