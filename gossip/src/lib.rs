@@ -311,6 +311,20 @@ pub trait Communicator: Send {
     /// Sum `buf` and `scalar` over all ranks; every rank ends with the same
     /// bits.
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError>;
+    /// [`Communicator::all_reduce_sum`], then every element of the sum
+    /// multiplied by `factor`: the same bits as that pass, which the
+    /// transports fold into the all-reduce (each element is scaled once, by
+    /// the rank that finished its sum, before the all-gather sends it on).
+    fn all_reduce_sum_scaled(
+        &mut self,
+        buf: &mut [f32],
+        scalar: &mut f64,
+        factor: f32,
+    ) -> Result<(), CommError> {
+        self.all_reduce_sum(buf, scalar)?;
+        ring::scale_sum(buf, Some(factor));
+        Ok(())
+    }
     /// Wait until every rank reached the barrier.
     fn barrier(&mut self) -> Result<(), CommError>;
     /// Called once by every member of the view a run starts with, before
@@ -428,12 +442,24 @@ pub fn exact_average(
     w: &mut f64,
 ) -> Result<(), CommError> {
     comm.drain(x, w)?;
+    weighted_average(comm, x, w)
+}
+
+/// Sets every rank's `x` to `sum x_i / sum w_i` and `w` to 1 (nothing in
+/// flight: [`exact_average`] drains first): one all-reduce of `x` whose
+/// scalar is `w`, then every element multiplied by `(1 / sum w) as f32`.
+/// (Folding that multiplication into the all-reduce, as
+/// [`Communicator::all_reduce_sum_scaled`] does for a factor known
+/// beforehand, would need the weight sum first: one more round trip, which
+/// on this machine cost about what the pass saves, and more over a WAN.)
+pub fn weighted_average(
+    comm: &mut dyn Communicator,
+    x: &mut [f32],
+    w: &mut f64,
+) -> Result<(), CommError> {
     let mut total_w = *w;
     comm.all_reduce_sum(x, &mut total_w)?;
-    let inv = (1.0 / total_w) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
+    ring::scale_sum(x, Some((1.0 / total_w) as f32));
     *w = 1.0;
     Ok(())
 }

@@ -271,6 +271,52 @@ fn waiting<R>(
 }
 
 impl MemoryComm {
+    /// Sums `buf` and `scalar` over the ranks, then scales the sum by
+    /// `scale`, if any ([`crate::ring::all_reduce`]).
+    fn all_reduce(
+        &mut self,
+        buf: &mut [f32],
+        scalar: &mut f64,
+        scale: Option<f32>,
+    ) -> Result<(), CommError> {
+        let size = self.shared.size;
+        self.enter_collective();
+        // Every rank checks every rank's kind of collective and length
+        // first, so a mismatch fails them all alike; then the ring sums.
+        let lengths = self.gather(Contribution::RingLength(buf.len()), "all-reduce")?;
+        for (rank, c) in lengths.iter().enumerate() {
+            match c {
+                Contribution::RingLength(n) if *n == buf.len() => {}
+                Contribution::RingLength(n) => {
+                    return Err(CommError::ShapeMismatch {
+                        expected: buf.len(),
+                        got: *n,
+                    });
+                }
+                _ => return Err(out_of_order(rank)),
+            }
+        }
+        drop(lengths);
+        let timeout = self.shared.timeout;
+        ring::all_reduce(&mut self.ring, self.rank, size, timeout, buf, scalar, scale)?;
+        // The simulated network pays for the schedule the network would
+        // pick (its messages of at most CHUNK_FLOATS).
+        let schedule = Schedule::choose(
+            buf.len(),
+            size,
+            crate::CHUNK_FLOATS,
+            crate::DIRECT_MAX_BYTES,
+        );
+        self.leave_collective(message_bytes(buf.len()), schedule);
+        // What a bandwidth-optimal all-reduce moves (either schedule).
+        if size > 1 {
+            let bytes = 2 * (size as u64 - 1) * (4 * buf.len() as u64 + 8) / size as u64;
+            self.stats.bytes_sent += bytes;
+            self.stats.bytes_received += bytes;
+        }
+        Ok(())
+    }
+
     /// Sends this worker's push-sum shares compressed with `codec` (every
     /// worker of a run must use the same; see [`crate::compress`]).
     pub fn set_compression(&mut self, codec: Compression) {
@@ -502,42 +548,16 @@ impl Communicator for MemoryComm {
     }
 
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
-        let size = self.shared.size;
-        self.enter_collective();
-        // Every rank checks every rank's kind of collective and length
-        // first, so a mismatch fails them all alike; then the ring sums.
-        let lengths = self.gather(Contribution::RingLength(buf.len()), "all-reduce")?;
-        for (rank, c) in lengths.iter().enumerate() {
-            match c {
-                Contribution::RingLength(n) if *n == buf.len() => {}
-                Contribution::RingLength(n) => {
-                    return Err(CommError::ShapeMismatch {
-                        expected: buf.len(),
-                        got: *n,
-                    });
-                }
-                _ => return Err(out_of_order(rank)),
-            }
-        }
-        drop(lengths);
-        let timeout = self.shared.timeout;
-        ring::all_reduce(&mut self.ring, self.rank, size, timeout, buf, scalar)?;
-        // The simulated network pays for the schedule the network would
-        // pick (its messages of at most CHUNK_FLOATS).
-        let schedule = Schedule::choose(
-            buf.len(),
-            size,
-            crate::CHUNK_FLOATS,
-            crate::DIRECT_MAX_BYTES,
-        );
-        self.leave_collective(message_bytes(buf.len()), schedule);
-        // What a bandwidth-optimal all-reduce moves (either schedule).
-        if size > 1 {
-            let bytes = 2 * (size as u64 - 1) * (4 * buf.len() as u64 + 8) / size as u64;
-            self.stats.bytes_sent += bytes;
-            self.stats.bytes_received += bytes;
-        }
-        Ok(())
+        self.all_reduce(buf, scalar, None)
+    }
+
+    fn all_reduce_sum_scaled(
+        &mut self,
+        buf: &mut [f32],
+        scalar: &mut f64,
+        factor: f32,
+    ) -> Result<(), CommError> {
+        self.all_reduce(buf, scalar, Some(factor))
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {

@@ -206,7 +206,10 @@ impl Schedule {
 
 /// Sums `buf` and `scalar` over the `m` ranks with `schedule` (the ring in
 /// messages of at most `chunk` floats); see [`ring_all_reduce`] and
-/// [`direct_all_reduce`].
+/// [`direct_all_reduce`]. With `scale`, every element of the sum is then
+/// multiplied by it: by the rank that finished that segment, before the
+/// all-gather sends it on, so that no rank makes a pass over the whole
+/// buffer afterwards (the same bits as the pass).
 pub(crate) fn all_reduce<L: Links>(
     links: &mut L,
     schedule: Schedule,
@@ -215,10 +218,19 @@ pub(crate) fn all_reduce<L: Links>(
     chunk: usize,
     buf: &mut [f32],
     scalar: &mut f64,
+    scale: Option<f32>,
 ) -> Result<(), CommError> {
     match schedule {
-        Schedule::Ring => ring_all_reduce(links, rank, m, chunk, buf, scalar),
-        Schedule::Direct => direct_all_reduce(links, rank, m, buf, scalar),
+        Schedule::Ring => ring_all_reduce(links, rank, m, chunk, buf, scalar, scale),
+        Schedule::Direct => direct_all_reduce(links, rank, m, buf, scalar, scale),
+    }
+}
+
+/// Multiplies `values` by `factor`, if any: the sum's scaling, done once
+/// per element by the rank that finished it, before it is sent on.
+pub(crate) fn scale_sum(values: &mut [f32], factor: Option<f32>) {
+    if let Some(f) = factor {
+        values.iter_mut().for_each(|v| *v *= f);
     }
 }
 
@@ -255,8 +267,10 @@ pub(crate) fn ring_all_reduce<L: Links>(
     chunk: usize,
     buf: &mut [f32],
     scalar: &mut f64,
+    scale: Option<f32>,
 ) -> Result<(), CommError> {
     if m <= 1 {
+        scale_sum(buf, scale);
         return Ok(());
     }
     let n = buf.len();
@@ -322,6 +336,10 @@ pub(crate) fn ring_all_reduce<L: Links>(
                 total: n,
                 scalar: if seg == 0 && first { scalar0 } else { 0.0 },
             };
+            // The first all-gather step sends the segment we finished.
+            if send_step == m - 1 {
+                scale_sum(&mut buf[range.clone()], scale);
+            }
             links.send((rank + 1) % m, header, &buf[range])?;
             sent += 1;
             next_send += 1;
@@ -378,8 +396,10 @@ pub(crate) fn direct_all_reduce<L: Links>(
     m: usize,
     buf: &mut [f32],
     scalar: &mut f64,
+    scale: Option<f32>,
 ) -> Result<(), CommError> {
     if m <= 1 {
+        scale_sum(buf, scale);
         return Ok(());
     }
     let n = buf.len();
@@ -452,6 +472,7 @@ pub(crate) fn direct_all_reduce<L: Links>(
             turn += 1;
             if turn == m - 1 {
                 // Our sum to every rank.
+                scale_sum(&mut buf[mine.clone()], scale);
                 for j in others(rank) {
                     let header = ChunkHeader {
                         phase: Phase::AllGather,

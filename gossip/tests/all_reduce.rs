@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use slowmo_gossip::memory::{MemoryComm, MemoryNetwork};
 use slowmo_gossip::{
     CommError, Communicator, segment, sum_scalars_in_rank_order, sum_segment_in_ring_order,
+    weighted_average,
 };
 
 fn on_all<T: Send>(m: usize, f: impl Fn(&mut MemoryComm) -> T + Sync) -> Vec<T> {
@@ -63,6 +64,35 @@ fn the_ring_gives_the_bits_of_the_reference_order() {
                 assert_eq!(bits(buf), bits(&want), "m {m} n {n} rank {rank}");
                 assert_eq!(scalar.to_bits(), want_scalar.to_bits(), "m {m} n {n}");
             }
+        }
+    }
+}
+
+#[test]
+fn the_weighted_average_is_the_reference_sum_times_the_inverse_weight_sum() {
+    let m = 3;
+    let weights: Vec<f64> = (0..m).map(|r| 0.3 + 0.45 * r as f64).collect();
+    let inv = (1.0 / sum_scalars_in_rank_order(weights.iter().copied())) as f32;
+    // The direct schedule and the ring.
+    for n in [1001, (1 << 20) + 5] {
+        let inputs: Vec<Vec<f32>> = (0..m).map(|r| contribution(r, n)).collect();
+        let views: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let mut want = vec![0f32; n];
+        for j in 0..m {
+            sum_segment_in_ring_order(&views, j, &mut want[segment(n, m, j)]);
+        }
+        want.iter_mut().for_each(|v| *v *= inv);
+        let got = on_all(m, |c| {
+            let (mut x, mut w) = (inputs[c.rank()].clone(), weights[c.rank()]);
+            weighted_average(c, &mut x, &mut w).unwrap();
+            (bits(&x), w)
+        });
+        for (rank, (x, w)) in got.iter().enumerate() {
+            assert!(
+                *x == bits(&want),
+                "n {n}: rank {rank} differs from sum / weight"
+            );
+            assert_eq!(*w, 1.0);
         }
     }
 }

@@ -158,6 +158,7 @@ pub(super) fn all_reduce(
     timeout: Duration,
     buf: &mut [f32],
     scalar: &mut f64,
+    scale: Option<f32>,
 ) -> Result<(), CommError> {
     ends.seq += 1;
     let mut links = Collective {
@@ -168,7 +169,16 @@ pub(super) fn all_reduce(
     };
     // In memory a chunk costs a hand-over, not bandwidth: one per segment.
     let schedule = Schedule::choose(buf.len(), size, usize::MAX, DIRECT_MAX_BYTES);
-    crate::ring::all_reduce(&mut links, schedule, rank, size, usize::MAX, buf, scalar)
+    crate::ring::all_reduce(
+        &mut links,
+        schedule,
+        rank,
+        size,
+        usize::MAX,
+        buf,
+        scalar,
+        scale,
+    )
 }
 
 #[cfg(test)]
@@ -199,6 +209,17 @@ mod tests {
     /// Every rank's result of one all-reduce of `n` floats over `m` ranks
     /// with `schedule` (the ring in chunks of `chunk`).
     fn reduce(m: usize, n: usize, chunk: usize, schedule: Schedule) -> Vec<(Vec<u32>, u64)> {
+        reduce_scaled(m, n, chunk, schedule, None)
+    }
+
+    /// [`reduce`], each sum multiplied by `scale` in the all-reduce.
+    fn reduce_scaled(
+        m: usize,
+        n: usize,
+        chunk: usize,
+        schedule: Schedule,
+        scale: Option<f32>,
+    ) -> Vec<(Vec<u32>, u64)> {
         let handles: Vec<_> = ring_ends(m)
             .into_iter()
             .enumerate()
@@ -215,8 +236,8 @@ mod tests {
                     };
                     let (b, s) = (&mut buf, &mut scalar);
                     match schedule {
-                        Schedule::Ring => ring_all_reduce(&mut links, rank, m, chunk, b, s),
-                        Schedule::Direct => direct_all_reduce(&mut links, rank, m, b, s),
+                        Schedule::Ring => ring_all_reduce(&mut links, rank, m, chunk, b, s, scale),
+                        Schedule::Direct => direct_all_reduce(&mut links, rank, m, b, s, scale),
                     }
                     .unwrap();
                     (buf.iter().map(|v| v.to_bits()).collect(), scalar.to_bits())
@@ -251,6 +272,35 @@ mod tests {
             for chunk in [1, 3, 7, 64] {
                 let chunked = reduce(m, n, chunk, Schedule::Ring);
                 assert_eq!(chunked, whole, "m {m} n {n} chunk {chunk}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_scaled_all_reduce_gives_the_bits_of_the_sum_then_the_pass() {
+        let factor = 1.0f32 / 3.0;
+        for (m, n) in [(1, 5), (2, 10), (3, 50), (4, 1001), (5, 3), (7, 0)] {
+            let (sum, scalar) = reference(m, n);
+            let want: Vec<u32> = sum
+                .iter()
+                .map(|b| (f32::from_bits(*b) * factor).to_bits())
+                .collect();
+            for (schedule, chunk) in [
+                (Schedule::Ring, usize::MAX),
+                (Schedule::Ring, 7),
+                (Schedule::Ring, 1),
+                (Schedule::Direct, usize::MAX),
+            ] {
+                let got = reduce_scaled(m, n, chunk, schedule, Some(factor));
+                for (rank, (bits, s)) in got.iter().enumerate() {
+                    assert_eq!(
+                        bits, &want,
+                        "m {m} n {n} {schedule:?} chunk {chunk} rank {rank}"
+                    );
+                    if m > 1 {
+                        assert_eq!(*s, scalar, "m {m} n {n}: the scalar is not scaled");
+                    }
+                }
             }
         }
     }

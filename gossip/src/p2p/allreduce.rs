@@ -244,13 +244,18 @@ impl Ring<'_> {
     /// On the lane, chunks go straight from `buf` (lent until they are on
     /// their way; a loan still open when this returns, by an error, is
     /// revoked as the ring is dropped).
-    pub fn run(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
+    pub fn run(
+        &mut self,
+        buf: &mut [f32],
+        scalar: &mut f64,
+        scale: Option<f32>,
+    ) -> Result<(), CommError> {
         let chunk = self.shared.cfg.message_floats();
         let (rank, m) = (self.rank, self.view.members.len());
         let schedule = self.shared.cfg.schedule(buf.len(), m);
         // Parts stop landing in `buf` when this returns, by error too.
         let _close = CloseOnDrop(&self.shared.landing);
-        all_reduce(self, schedule, rank, m, chunk, buf, scalar)?;
+        all_reduce(self, schedule, rank, m, chunk, buf, scalar, scale)?;
         self.settle(None)
     }
 

@@ -169,11 +169,17 @@ impl P2pComm {
         &mut self,
         buf: &mut [f32],
         scalar: &mut f64,
+        scale: Option<f32>,
         operation: &'static str,
     ) -> Result<(), CommError> {
-        // A run of one has nothing to add.
-        self.on_ring(operation, |ring| ring.run(buf, scalar))
-            .map(drop)
+        match self.on_ring(operation, |ring| ring.run(&mut *buf, scalar, scale))? {
+            Some(()) => Ok(()),
+            // A run of one has nothing to add, only the scale to apply.
+            None => {
+                crate::ring::scale_sum(buf, scale);
+                Ok(())
+            }
+        }
     }
 }
 
@@ -340,11 +346,20 @@ impl Communicator for P2pComm {
     }
 
     fn all_reduce_sum(&mut self, buf: &mut [f32], scalar: &mut f64) -> Result<(), CommError> {
-        self.all_reduce(buf, scalar, "all-reduce")
+        self.all_reduce(buf, scalar, None, "all-reduce")
+    }
+
+    fn all_reduce_sum_scaled(
+        &mut self,
+        buf: &mut [f32],
+        scalar: &mut f64,
+        factor: f32,
+    ) -> Result<(), CommError> {
+        self.all_reduce(buf, scalar, Some(factor), "all-reduce")
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
-        self.all_reduce(&mut [], &mut 0.0, "barrier")
+        self.all_reduce(&mut [], &mut 0.0, None, "barrier")
     }
 
     fn start_together(&mut self) -> Result<(), CommError> {

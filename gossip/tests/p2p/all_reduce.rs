@@ -89,7 +89,19 @@ fn mixed_sequence(lane: DataLane, direct_max_bytes: usize) -> Vec<Vec<(Vec<u32>,
             let n = if k % 2 == 0 { 1003 } else { 5000 };
             let mut buf = floats(c.rank() as u64 * 7 + k, n);
             let mut scalar = 0.25 + c.rank() as f64 * 1e-3 + k as f64;
-            c.all_reduce_sum(&mut buf, &mut scalar).unwrap();
+            if k >= 4 {
+                // Scaled in the all-reduce: the bits of the sum, then the pass.
+                let (mut sum, mut sum_scalar) = (buf.clone(), scalar);
+                c.all_reduce_sum(&mut sum, &mut sum_scalar).unwrap();
+                let factor = 1.0 / 3.0;
+                c.all_reduce_sum_scaled(&mut buf, &mut scalar, factor)
+                    .unwrap();
+                assert_eq!(scalar.to_bits(), sum_scalar.to_bits());
+                let want = sum.iter().map(|v| (v * factor).to_bits());
+                assert!(want.eq(buf.iter().map(|v| v.to_bits())), "k {k}");
+            } else {
+                c.all_reduce_sum(&mut buf, &mut scalar).unwrap();
+            }
             out.push((buf.iter().map(|v| v.to_bits()).collect(), scalar.to_bits()));
             let all = c.all_gather_u64(&[c.rank() as u64, k]).unwrap();
             assert_eq!(all.len(), 4);

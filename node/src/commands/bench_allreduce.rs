@@ -218,9 +218,7 @@ fn time_averages(
         c.barrier()?;
         let t = Instant::now();
         if codec.is_none() {
-            c.all_reduce_sum(&mut buf, &mut s)?;
-            let inv = 1.0 / s as f32;
-            buf.iter_mut().for_each(|v| *v *= inv);
+            slowmo_gossip::weighted_average(c, &mut buf, &mut s)?;
         } else {
             compressed_average(c, codec, &mut buf, &mut s, &anchor, &mut residual)?;
         }

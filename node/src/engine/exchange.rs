@@ -100,9 +100,8 @@ impl Exchange for CommExchange<'_> {
             return Ok(());
         }
         let mut loss_sum = f64::from(*loss);
-        self.comm.all_reduce_sum(grad, &mut loss_sum)?;
-        let inv = 1.0 / m as f32;
-        grad.iter_mut().for_each(|g| *g *= inv);
+        self.comm
+            .all_reduce_sum_scaled(grad, &mut loss_sum, 1.0 / m as f32)?;
         *loss = (loss_sum / m as f64) as f32;
         Ok(())
     }
@@ -166,8 +165,7 @@ impl Exchange for CommExchange<'_> {
         let inv = 1.0 / m as f32;
         for buf in buffers {
             let mut unused = 0.0;
-            self.comm.all_reduce_sum(buf, &mut unused)?;
-            buf.iter_mut().for_each(|v| *v *= inv);
+            self.comm.all_reduce_sum_scaled(buf, &mut unused, inv)?;
         }
         Ok(())
     }

@@ -154,9 +154,7 @@ fn snapshot(
         z.iter().map(|v| v * w as f32).collect()
     };
     let mut count = w;
-    comm.all_reduce_sum(&mut z_bar, &mut count)?;
-    let inv = (1.0 / count) as f32;
-    z_bar.iter_mut().for_each(|v| *v *= inv);
+    slowmo_gossip::weighted_average(comm, &mut z_bar, &mut count)?;
     let acc = f64::from(own.accuracy);
     // A worker with no step yet has no train loss (NaN): it sends 0 and
     // is not counted, since peers refuse non-finite values.

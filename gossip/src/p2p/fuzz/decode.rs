@@ -186,7 +186,15 @@ pub fn chunk(data: &[u8]) -> Outcome {
     let mut buf = vec![1.0f32; TOTAL];
     let mut scalar = 1.0;
     let chunk = ctx().cfg.message_floats();
-    let result = ring_all_reduce(&mut links, OUR_RANK, MEMBERS, chunk, &mut buf, &mut scalar);
+    let result = ring_all_reduce(
+        &mut links,
+        OUR_RANK,
+        MEMBERS,
+        chunk,
+        &mut buf,
+        &mut scalar,
+        None,
+    );
     Outcome {
         accepted: links.accepted,
         dropped: links.dropped,
@@ -208,7 +216,7 @@ pub fn direct(data: &[u8]) -> Outcome {
     };
     let mut buf = vec![1.0f32; TOTAL];
     let mut scalar = 1.0;
-    let result = direct_all_reduce(&mut links, OUR_RANK, MEMBERS, &mut buf, &mut scalar);
+    let result = direct_all_reduce(&mut links, OUR_RANK, MEMBERS, &mut buf, &mut scalar, None);
     Outcome {
         accepted: links.accepted,
         dropped: links.dropped,
