@@ -210,6 +210,7 @@ impl Schedule {
 /// multiplied by it: by the rank that finished that segment, before the
 /// all-gather sends it on, so that no rank makes a pass over the whole
 /// buffer afterwards (the same bits as the pass).
+#[allow(clippy::too_many_arguments)] // the schedules' inputs, passed through
 pub(crate) fn all_reduce<L: Links>(
     links: &mut L,
     schedule: Schedule,
