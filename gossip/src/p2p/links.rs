@@ -59,6 +59,21 @@ impl Payload {
         }
     }
 
+    /// Runs `f` on the bytes of `range` as they are (a lent payload's under
+    /// its loan's lock: `f` must not wait); `None` for a scaled loan, whose
+    /// bytes are not yet the wire's ([`Payload::copy_into`] scales them).
+    pub fn with_bytes<R>(
+        &self,
+        range: Range<usize>,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, Revoked> {
+        match self {
+            Payload::Owned(b) => Ok(Some(f(&b[range]))),
+            Payload::Lent(l) if l.scaled() => Ok(None),
+            Payload::Lent(l) => l.with_bytes(range, f).map(Some),
+        }
+    }
+
     /// The bytes in a buffer of their own (a lent payload copied into one
     /// from `pool`), for writers that need them owned.
     pub fn owned(&self, pool: &BufferPool) -> Result<Arc<Vec<u8>>, Revoked> {

@@ -174,16 +174,27 @@ async fn write_loop(
             stream.write_all(&record).await?;
             match &payload {
                 Some(p) if encrypted || matches!(p, Payload::Lent(l) if l.scaled()) => {
-                    // Each record copied (and a scaled loan's scaled) into
-                    // the record buffer, which stays in the cache for the
-                    // seal and the socket.
+                    // Each record sealed from the payload's bytes into the
+                    // record buffer (one pass), or copied there (and a
+                    // scaled loan's scaled) and sealed in place; the buffer
+                    // stays in the cache for the socket.
                     for start in range.clone().step_by(RECORD) {
                         let end = (start + RECORD).min(range.end);
-                        p.copy_into(start..end, &mut record)
-                            .map_err(std::io::Error::other)?;
-                        if encrypted {
-                            let tag = sealer.seal(&mut record);
+                        let sealed = match encrypted {
+                            true => p
+                                .with_bytes(start..end, |b| sealer.seal_from(b, &mut record))
+                                .map_err(std::io::Error::other)?,
+                            false => None,
+                        };
+                        if let Some(tag) = sealed {
                             record.extend_from_slice(&tag);
+                        } else {
+                            p.copy_into(start..end, &mut record)
+                                .map_err(std::io::Error::other)?;
+                            if encrypted {
+                                let tag = sealer.seal(&mut record);
+                                record.extend_from_slice(&tag);
+                            }
                         }
                         stream.write_all(&record).await?;
                         shared.activity.touch(&peer);
