@@ -445,6 +445,36 @@ pub fn exact_average(
     weighted_average(comm, x, w)
 }
 
+/// [`exact_average`] for a run whose weights are all 1 by construction (a
+/// base without push-sum: Local SGD, and SlowMo over it). `sum w` is then
+/// the member count, exactly, so the factor `(1 / m) as f32` is known
+/// before the sum and folds into the all-reduce
+/// ([`Communicator::all_reduce_sum_scaled`]): no pass over the model
+/// afterwards, and the same bits as [`exact_average`]. A weight other than
+/// 1 is a misuse, refused before (ours) or after (any rank's) the sum.
+pub fn unit_weight_average(
+    comm: &mut dyn Communicator,
+    x: &mut [f32],
+    w: &mut f64,
+) -> Result<(), CommError> {
+    if *w != 1.0 {
+        return Err(CommError::Misuse(format!(
+            "an average of unit weights with a weight of {w}"
+        )));
+    }
+    comm.drain(x, w)?;
+    let m = comm.world_size();
+    let mut total_w = *w;
+    comm.all_reduce_sum_scaled(x, &mut total_w, (1.0 / m as f64) as f32)?;
+    if total_w != m as f64 {
+        return Err(CommError::Protocol(format!(
+            "the weights of an average of unit weights summed to {total_w} over {m} members"
+        )));
+    }
+    *w = 1.0;
+    Ok(())
+}
+
 /// Sets every rank's `x` to `sum x_i / sum w_i` and `w` to 1 (nothing in
 /// flight: [`exact_average`] drains first): one all-reduce of `x` whose
 /// scalar is `w`, then every element multiplied by `(1 / sum w) as f32`.

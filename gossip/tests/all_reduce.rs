@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use slowmo_gossip::memory::{MemoryComm, MemoryNetwork};
 use slowmo_gossip::{
     CommError, Communicator, segment, sum_scalars_in_rank_order, sum_segment_in_ring_order,
-    weighted_average,
+    unit_weight_average, weighted_average,
 };
 
 fn on_all<T: Send>(m: usize, f: impl Fn(&mut MemoryComm) -> T + Sync) -> Vec<T> {
@@ -95,6 +95,31 @@ fn the_weighted_average_is_the_reference_sum_times_the_inverse_weight_sum() {
             assert_eq!(*w, 1.0);
         }
     }
+}
+
+#[test]
+fn an_average_of_unit_weights_has_the_bits_of_the_weighted_one() {
+    for (m, n) in [(1, 9), (3, 1001), (4, (1 << 20) + 3)] {
+        let inputs: Vec<Vec<f32>> = (0..m).map(|r| contribution(r, n)).collect();
+        let run = |unit: bool| {
+            on_all(m, |c| {
+                let (mut x, mut w) = (inputs[c.rank()].clone(), 1.0);
+                match unit {
+                    true => unit_weight_average(c, &mut x, &mut w).unwrap(),
+                    false => weighted_average(c, &mut x, &mut w).unwrap(),
+                }
+                assert_eq!(w, 1.0);
+                bits(&x)
+            })
+        };
+        assert!(run(true) == run(false), "m {m} n {n}");
+    }
+    // A weight other than 1 is refused before anything is sent.
+    let got = on_all(1, |c| {
+        let (mut x, mut w) = (vec![1.0f32; 4], 0.5);
+        unit_weight_average(c, &mut x, &mut w)
+    });
+    assert!(matches!(&got[0], Err(CommError::Misuse(_))), "{:?}", got[0]);
 }
 
 #[test]

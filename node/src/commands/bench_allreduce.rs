@@ -218,7 +218,9 @@ fn time_averages(
         c.barrier()?;
         let t = Instant::now();
         if codec.is_none() {
-            slowmo_gossip::weighted_average(c, &mut buf, &mut s)?;
+            // Every node's weight is 1, as in Local SGD (and as gloo's
+            // script divides by the node count).
+            slowmo_gossip::unit_weight_average(c, &mut buf, &mut s)?;
         } else {
             compressed_average(c, codec, &mut buf, &mut s, &anchor, &mut residual)?;
         }

@@ -3,7 +3,9 @@
 //! this round's peers from `topologies`.
 
 use slowmo_gossip::compress::{Compression, compressed_average};
-use slowmo_gossip::{CommError, Communicator, PushSumRound, ReduceOp, exact_average};
+use slowmo_gossip::{
+    CommError, Communicator, PushSumRound, ReduceOp, exact_average, unit_weight_average,
+};
 use slowmo_optim::{Exchange, PushSum};
 use slowmo_topologies::Topology;
 
@@ -46,6 +48,8 @@ pub struct CommExchange<'a> {
     consensus: Option<f64>,
     /// The codec of the compressed exact averages (`--compress-average`).
     average_codec: Compression,
+    /// Every worker's push-sum weight is 1 by construction (no push-sum).
+    unit_weights: bool,
 }
 
 impl<'a> CommExchange<'a> {
@@ -60,7 +64,16 @@ impl<'a> CommExchange<'a> {
             measure_consensus,
             consensus: None,
             average_codec: Compression::None,
+            unit_weights: false,
         }
+    }
+
+    /// Every worker's weight is 1 by construction (a base without
+    /// push-sum): the exact average folds its division into the all-reduce
+    /// ([`unit_weight_average`], the same bits).
+    pub fn with_unit_weights(mut self, unit: bool) -> Self {
+        self.unit_weights = unit;
+        self
     }
 
     /// Compressed exact averages at the outer boundaries use `codec`.
@@ -142,7 +155,11 @@ impl Exchange for CommExchange<'_> {
     }
 
     fn exact_average(&mut self, state: &mut PushSum) -> Result<(), CommError> {
-        self.measured(state, |comm, s| exact_average(comm, &mut s.x, &mut s.w))
+        let unit = self.unit_weights;
+        self.measured(state, |comm, s| match unit {
+            true => unit_weight_average(comm, &mut s.x, &mut s.w),
+            false => exact_average(comm, &mut s.x, &mut s.w),
+        })
     }
 
     fn compressed_average(

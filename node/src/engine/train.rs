@@ -414,7 +414,8 @@ impl Worker<'_> {
         let sample_len = self.sample_len;
         let topology = self.topology.clone();
         let mut net = CommExchange::new(comm, &*topology, self.push_sum)
-            .with_average_codec(config.compress_average);
+            .with_average_codec(config.compress_average)
+            .with_unit_weights(!self.push_sum);
         let (mut images, mut labels) = (Vec::new(), Vec::new());
         if let Some(gate) = &self.gate {
             gate.member(true);
