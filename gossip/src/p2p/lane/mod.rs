@@ -20,15 +20,18 @@
 //! into a buffer first: the writers read it from the caller's parameters,
 //! lent for the round ([`super::lent`]), and scale each record as they copy
 //! it into the cache-sized record buffer (then sealed, or sent as it is);
-//! a ring's chunks are lent unscaled, and the plaintext writer sends them
-//! straight into the socket. The receiver reads each record into the part's own buffer and
+//! a ring's chunks are lent unscaled: the sealing writer seals each record
+//! from them straight into its record buffer, the plaintext writer sends
+//! them straight into the socket. The receiver reads each record into the part's own buffer and
 //! opens it there (plaintext in 128 KiB pieces, scanned for non-finite
 //! values while in the cache); push-sum parts are added straight from their
 //! buffers, all-reduce parts are handed on in the sender's order. A ring
 //! all-reduce part the ring already waits for takes no buffer of its own:
 //! each record is opened in the reader's record buffer, checked, and added
-//! (or copied) into the ring's buffer at once; a plaintext part that is
-//! copied is read from the socket straight into place ([`super::landing`]).
+//! into the ring's buffer at once; a part that is copied (the all-gather)
+//! is opened from the record buffer straight into its place, or on the
+//! plaintext lane read from the socket straight there
+//! ([`super::landing`]).
 //! There is no checksum: the records are authenticated. Sizes, shapes, run,
 //! view, round window and finiteness are checked as on the libp2p streams
 //! ([`super::inbound::check_header`]).
