@@ -1,5 +1,5 @@
-//! Multiaddr helpers and the dial-error log shared by the swarm task and
-//! the modules that parse or print addresses.
+//! Multiaddr helpers, the dial-error log shared by the swarm task and the
+//! modules that parse or print addresses, and peer ids as text.
 
 use std::collections::HashMap;
 
@@ -8,6 +8,29 @@ use libp2p::swarm::DialError;
 use libp2p::{Multiaddr, PeerId};
 
 use crate::CommError;
+
+/// Peer ids a thread keeps as text at most (then it forgets them all).
+const NAMES_KEPT: usize = 1024;
+
+/// `peer` in base58, as frames name their sender: remembered per thread,
+/// since the encoding costs microseconds and each frame's check asks for
+/// the same few peers again.
+pub(crate) fn name_of(peer: &PeerId) -> String {
+    thread_local! {
+        static NAMES: std::cell::RefCell<HashMap<PeerId, String>> =
+            std::cell::RefCell::new(HashMap::new());
+    }
+    NAMES.with(|names| {
+        let mut names = names.borrow_mut();
+        if names.len() >= NAMES_KEPT && !names.contains_key(peer) {
+            names.clear();
+        }
+        names
+            .entry(*peer)
+            .or_insert_with(|| peer.to_string())
+            .clone()
+    })
+}
 
 /// `addr` without a trailing `/p2p/<id>`.
 pub(crate) fn strip_peer(addr: &Multiaddr) -> Multiaddr {
@@ -103,5 +126,21 @@ pub(crate) fn log_dial_error(
             let target = peer.map_or_else(|| "a peer".to_string(), |p| format!("peer {p}"));
             report(target, error_chain(other));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_is_named_as_its_display_even_past_the_memo() {
+        let first = PeerId::random();
+        assert_eq!(name_of(&first), first.to_string());
+        for _ in 0..NAMES_KEPT + 3 {
+            let p = PeerId::random();
+            assert_eq!(name_of(&p), p.to_string());
+        }
+        assert_eq!(name_of(&first), first.to_string());
     }
 }

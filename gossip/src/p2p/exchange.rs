@@ -31,7 +31,7 @@ impl P2pComm {
             version: WIRE_VERSION,
             run_id: self.shared.cfg.run.run_id.clone(),
             view: self.view.number,
-            sender: self.shared.local.to_string(),
+            sender: super::addrs::name_of(&self.shared.local),
             round,
             kind: Kind::PushSum,
             dtype: DType::of_share(self.shared.cfg.compress),

@@ -223,10 +223,11 @@ pub(crate) fn check_header(
             got: h.run_id.clone(),
         });
     }
-    if h.sender != peer.to_string() {
+    let name = super::addrs::name_of(peer);
+    if h.sender != name {
         return Err(Reject::Sender {
             claimed: h.sender.clone(),
-            actual: peer.to_string(),
+            actual: name,
         });
     }
     if h.view != view.number {

@@ -45,7 +45,7 @@ pub(crate) fn check_frame(
         version: WIRE_VERSION,
         run_id: cfg.run.run_id.clone(),
         view: h.view,
-        sender: peer.to_string(),
+        sender: crate::p2p::addrs::name_of(peer),
         round: h.round,
         kind,
         dtype: match (coded, push) {
