@@ -322,7 +322,7 @@ pub trait Communicator: Send {
         factor: f32,
     ) -> Result<(), CommError> {
         self.all_reduce_sum(buf, scalar)?;
-        ring::scale_sum(buf, Some(factor));
+        ledger::scale(buf, factor);
         Ok(())
     }
     /// Wait until every rank reached the barrier.
@@ -481,7 +481,8 @@ pub fn unit_weight_average(
 /// (Folding that multiplication into the all-reduce, as
 /// [`Communicator::all_reduce_sum_scaled`] does for a factor known
 /// beforehand, would need the weight sum first: one more round trip, which
-/// on this machine cost about what the pass saves, and more over a WAN.)
+/// measured on two cores cost about what the pass saves, and more over a
+/// WAN.)
 pub fn weighted_average(
     comm: &mut dyn Communicator,
     x: &mut [f32],
@@ -489,7 +490,7 @@ pub fn weighted_average(
 ) -> Result<(), CommError> {
     let mut total_w = *w;
     comm.all_reduce_sum(x, &mut total_w)?;
-    ring::scale_sum(x, Some((1.0 / total_w) as f32));
+    ledger::scale(x, (1.0 / total_w) as f32);
     *w = 1.0;
     Ok(())
 }

@@ -231,7 +231,7 @@ pub(crate) fn all_reduce<L: Links>(
 /// per element by the rank that finished it, before it is sent on.
 pub(crate) fn scale_sum(values: &mut [f32], factor: Option<f32>) {
     if let Some(f) = factor {
-        values.iter_mut().for_each(|v| *v *= f);
+        crate::ledger::scale(values, f);
     }
 }
 

@@ -157,11 +157,7 @@ impl Sealer<'_> {
     /// tag: the seal and the copy into the record buffer in one pass.
     pub fn seal_from(&mut self, data: &[u8], out: &mut Vec<u8>) -> [u8; TAG] {
         // Written over, so not zeroed first where it is long enough.
-        if out.len() >= data.len() {
-            out.truncate(data.len());
-        } else {
-            out.resize(data.len(), 0);
-        }
+        *out = crate::p2p::payload::sized(std::mem::take(out), data.len());
         let mut tag = [0u8; TAG];
         self.key
             .seal_out_of_place_scatter(
