@@ -32,6 +32,24 @@ pub fn scale_add_bytes(dst: &mut [f32], p: f32, payload: &[u8]) {
     }
 }
 
+/// `dst[i] += q * payload[i]` (LE `f32`s), the product rounded first: the
+/// bits of adding a payload its sender had scaled by `q`.
+pub fn add_scaled_bytes(dst: &mut [f32], q: f32, payload: &[u8]) {
+    for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
+        *d += f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * q;
+    }
+}
+
+/// `dst[i] = p * dst[i] + q * payload[i]` (LE `f32`s), each product
+/// rounded, then the sum: [`scale_add_bytes`] of a payload its sender had
+/// scaled by `q`.
+pub fn scale_add_scaled_bytes(dst: &mut [f32], p: f32, q: f32, payload: &[u8]) {
+    for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
+        let scaled = *d * p;
+        *d = scaled + f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * q;
+    }
+}
+
 /// `values` as little-endian bytes.
 pub(crate) fn u64_to_bytes(values: &[u64]) -> Vec<u8> {
     if cfg!(target_endian = "little") {

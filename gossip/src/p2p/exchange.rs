@@ -187,7 +187,8 @@ impl P2pComm {
 /// and encoded in one pass into a pooled buffer (the payload every out-peer
 /// gets, behind one `Arc`), and queued on each peer's link. A synchronous
 /// round on the data lane skips the buffer and the scale: `x` is lent to
-/// the lane's writers ([`super::lent`]), which scale what they copy, until
+/// the lane's writers ([`super::lent`]), which send it unscaled with its
+/// factor in the frame header (the receiver scales as it adds), until
 /// the share is on the wire; `x` is scaled as the in-peers' shares are
 /// added.
 impl ShareSink for P2pComm {
@@ -207,14 +208,15 @@ impl ShareSink for P2pComm {
     ) -> Outgoing {
         let lane = self.lanes.is_some();
         let codec = self.shared.cfg.compress;
-        // A synchronous round on the lane lends the scaled `x` itself
+        // A synchronous round on the lane lends `x` itself
         // (little-endian `f32`s are their own wire bytes): no share buffer.
         let slot = self
             .lend
             .as_ref()
             .filter(|_| lane && codec.is_none() && cfg!(target_endian = "little"));
         if let Some(slot) = slot {
-            // Not scaled here: the writers scale what they copy, and `x`
+            // Not scaled here: the lane sends `x` with the factor (the
+            // libp2p streams copy it scaled), and `x`
             // is scaled as the shares are added (`push_sum`).
             // SAFETY: the round touches `x` again only after settling the
             // loan (`push_sum`), and revokes it on every way out.

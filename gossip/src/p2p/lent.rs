@@ -1,6 +1,6 @@
 //! A push-sum share lent to the lane's writers straight from the caller's
 //! parameters, so that it is never copied into a share buffer (nor `x`
-//! scaled in a pass of its own: the writers scale what they copy).
+//! scaled in a pass of its own).
 //!
 //! In a synchronous push-sum round (staleness 0) the caller's `x` stays
 //! untouched from the send until the in-peers' shares are added, and that
@@ -8,12 +8,17 @@
 //! scaling `x` and encoding it into a buffer (two more passes over the
 //! model through memory), the round lends `x`'s bytes (little-endian
 //! `f32`s are their own wire encoding) with the share's factor to the
-//! connections' writers, which copy each record into their own cache-sized
-//! record buffer as they go and scale it there; the round scales the `x`
-//! it keeps in the same pass as it adds the first in-peer's share
+//! connections' writers. The data lane sends them as they are, sealed
+//! straight from `x` or written from it into the socket, with the factor
+//! in the frame header: the receiver multiplies as it adds
+//! ([`crate::le::add_scaled_bytes`]), the product rounded as the sender's
+//! would have been, so the bits are those of a scaled share. A path that
+//! needs the bytes scaled and owned (the libp2p streams) copies them,
+//! scaling as it copies ([`LentShare::copy_into`]). The round scales the
+//! `x` it keeps in the same pass as it adds the first in-peer's share
 //! ([`crate::ledger::Ledger::collect_scaling`]), rounded as a multiply then
 //! an add, so the bits are those of scaling first. The ring's chunks are
-//! lent unscaled (a plaintext writer sends them straight from the buffer).
+//! lent unscaled.
 //!
 //! The lender ([`Lender`]) waits until every holder ([`LentShare`]: the
 //! queued frames and the writers' jobs) is done before `x` is touched again
@@ -155,11 +160,11 @@ impl LentShare {
         self.loan.len
     }
 
-    /// Whether the holders scale what they copy ([`Lender::lend_scaled`]):
-    /// then the bytes are not the wire's, and only
-    /// [`LentShare::copy_into`] reads them.
-    pub(crate) fn scaled(&self) -> bool {
-        self.loan.scale.is_some()
+    /// The factor of a scaled loan ([`Lender::lend_scaled`]): its bytes
+    /// are unscaled, [`LentShare::copy_into`] scales them, and a frame
+    /// that sends them as they are carries the factor.
+    pub(crate) fn scale(&self) -> Option<f32> {
+        self.loan.scale
     }
 
     /// Runs `f` on the lent bytes of `range`, under the loan's read lock
@@ -287,7 +292,7 @@ mod tests {
         let p = 1.0f32 / 3.0;
         // SAFETY: `x` outlives the lender and is not changed.
         let (lender, share) = unsafe { Lender::lend_scaled(&x, Some(p)) };
-        assert!(share.scaled());
+        assert_eq!(share.scale(), Some(p));
         let mut out = Vec::new();
         share.copy_into(4..16, &mut out).unwrap();
         let want: Vec<u8> = x[1..].iter().flat_map(|v| (v * p).to_le_bytes()).collect();

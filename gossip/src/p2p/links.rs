@@ -47,30 +47,27 @@ impl Payload {
         }
     }
 
-    /// Copies the bytes of `range` into `out` (cleared first).
-    pub fn copy_into(&self, range: Range<usize>, out: &mut Vec<u8>) -> Result<(), Revoked> {
+    /// The factor of a push-sum share lent unscaled ([`super::lent`]):
+    /// the bytes are the sender's `x`, and a frame that carries them as
+    /// they are says so, so that the receiver scales what it adds.
+    pub fn scale(&self) -> Option<f32> {
         match self {
-            Payload::Owned(b) => {
-                out.clear();
-                out.extend_from_slice(&b[range]);
-                Ok(())
-            }
-            Payload::Lent(l) => l.copy_into(range, out),
+            Payload::Owned(_) => None,
+            Payload::Lent(l) => l.scale(),
         }
     }
 
     /// Runs `f` on the bytes of `range` as they are (a lent payload's under
-    /// its loan's lock: `f` must not wait); `None` for a scaled loan, whose
-    /// bytes are not yet the wire's ([`Payload::copy_into`] scales them).
+    /// its loan's lock: `f` must not wait), unscaled for a scaled loan
+    /// ([`Payload::scale`]).
     pub fn with_bytes<R>(
         &self,
         range: Range<usize>,
         f: impl FnOnce(&[u8]) -> R,
-    ) -> Result<Option<R>, Revoked> {
+    ) -> Result<R, Revoked> {
         match self {
-            Payload::Owned(b) => Ok(Some(f(&b[range]))),
-            Payload::Lent(l) if l.scaled() => Ok(None),
-            Payload::Lent(l) => l.with_bytes(range, f).map(Some),
+            Payload::Owned(b) => Ok(f(&b[range])),
+            Payload::Lent(l) => l.with_bytes(range, f),
         }
     }
 

@@ -191,11 +191,13 @@ pub fn copy_bytes(dst: &mut [f32], payload: &[u8]) {
 
 /// A push-sum share as it came off the wire: `f32` LE bytes from the pool,
 /// in one piece (a libp2p stream) or in parts at their element offsets (the
-/// data lane), added straight from the bytes; or a compressed share of
+/// data lane), added straight from the bytes (each value times the share's
+/// scale, when the sender sent its `x` unscaled); or a compressed share of
 /// `floats` values in one piece, checked, added through its decoder.
 pub(crate) struct LeBytes {
     parts: Vec<(usize, Vec<u8>)>,
     coded: Option<(Compression, usize)>,
+    scale: Option<f32>,
 }
 
 impl LeBytes {
@@ -205,7 +207,18 @@ impl LeBytes {
 
     /// Parts that cover the share in order, each at its element offset.
     pub fn parts(parts: Vec<(usize, Vec<u8>)>) -> Self {
-        Self { parts, coded: None }
+        Self {
+            parts,
+            coded: None,
+            scale: None,
+        }
+    }
+
+    /// The same plain values, each to be added times `scale` (a share whose
+    /// sender sent its `x` unscaled, with the factor).
+    pub fn scaled_by(self, scale: Option<f32>) -> Self {
+        debug_assert!(self.coded.is_none() || scale.is_none());
+        Self { scale, ..self }
     }
 
     /// A whole share of `floats` values read for a run whose shares use
@@ -218,6 +231,7 @@ impl LeBytes {
         Ok(Self {
             parts: vec![(0, bytes)],
             coded: Some((codec, floats)),
+            scale: None,
         })
     }
 
@@ -246,7 +260,10 @@ impl crate::ledger::SharePayload for LeBytes {
         }
         for (offset, bytes) in &self.parts {
             if let Some(dst) = x.get_mut(*offset..) {
-                add_bytes(dst, bytes);
+                match self.scale {
+                    Some(q) => crate::le::add_scaled_bytes(dst, q, bytes),
+                    None => add_bytes(dst, bytes),
+                }
             }
         }
     }
@@ -267,7 +284,11 @@ impl crate::ledger::SharePayload for LeBytes {
             return;
         }
         for (offset, bytes) in &self.parts {
-            crate::le::scale_add_bytes(&mut x[*offset..], p, bytes);
+            let dst = &mut x[*offset..];
+            match self.scale {
+                Some(q) => crate::le::scale_add_scaled_bytes(dst, p, q, bytes),
+                None => crate::le::scale_add_bytes(dst, p, bytes),
+            }
         }
     }
 }
@@ -381,6 +402,45 @@ mod tests {
                     .all(|(a, b)| a.to_bits() == b.to_bits())
             );
             assert_eq!((bytes, sum), encode_for(lane, &scaled, Vec::new()));
+        }
+    }
+
+    #[test]
+    fn a_share_sent_unscaled_adds_the_bits_of_the_scaled_one() {
+        use crate::ledger::SharePayload;
+        // Values whose products by 1/3 round, subnormals and signed zeros.
+        let s: Vec<f32> = (0..10_007)
+            .map(|i| match i % 5 {
+                0 => f32::from_bits(i as u32 + 1),
+                1 => -0.0,
+                _ => (i as f32 * 0.37 - 11.0) * 1.7e-3,
+            })
+            .collect();
+        let x: Vec<f32> = (0..10_007).map(|i| i as f32 * -0.11 + 3.0).collect();
+        let q = 1.0f32 / 3.0;
+        let p = 1.0f32 / 7.0;
+        let scaled: Vec<f32> = s.iter().map(|v| v * q).collect();
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        // In parts, whole and with a gap before the last (the slow path).
+        let cut = |v: &[f32], gap: bool| {
+            let bytes = f32_to_bytes(v);
+            let parts = vec![(0, bytes[..4000].to_vec()), (1000, bytes[4000..].to_vec())];
+            match gap {
+                false => parts,
+                true => vec![parts[0].clone()],
+            }
+        };
+        for gap in [false, true] {
+            let want = LeBytes::parts(cut(&scaled, gap));
+            let got = LeBytes::parts(cut(&s, gap)).scaled_by(Some(q));
+            let (mut a, mut b) = (x.clone(), x.clone());
+            want.add_into(&mut a);
+            got.add_into(&mut b);
+            assert_eq!(bits(&a), bits(&b), "add, gap {gap}");
+            let (mut a, mut b) = (x.clone(), x.clone());
+            want.scale_add_into(p, &mut a);
+            got.scale_add_into(p, &mut b);
+            assert_eq!(bits(&a), bits(&b), "scale and add, gap {gap}");
         }
     }
 

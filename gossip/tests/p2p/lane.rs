@@ -19,8 +19,9 @@ fn values(rank: usize) -> Vec<f32> {
         .collect()
 }
 
-/// One push-sum round on a ring of 3 and one all-reduce; the results.
-fn exchange(lane: DataLane) -> Vec<(Vec<f32>, f64, Vec<f32>, f64)> {
+/// Two push-sum rounds on a ring of 3 (one out-peer, then two: a factor
+/// of 1/3 rounds) and one all-reduce; the results.
+fn exchange(lane: DataLane) -> Vec<(Vec<u32>, f64, Vec<f32>, f64)> {
     let comms = group(3, N, |c| c.with_data_lane(lane).with_lane_connections(3));
     let (comms, out) = on_all(comms, |c| {
         let r = c.rank();
@@ -34,6 +35,14 @@ fn exchange(lane: DataLane) -> Vec<(Vec<f32>, f64, Vec<f32>, f64)> {
             staleness: 0,
         };
         c.push_sum(&round, &mut x, &mut w).expect("push-sum");
+        let round = PushSumRound {
+            round: 1,
+            out_peers: &[right, left],
+            in_peers: &[left, right],
+            staleness: 0,
+        };
+        c.push_sum(&round, &mut x, &mut w).expect("push-sum");
+        let x: Vec<u32> = x.iter().map(|v| v.to_bits()).collect();
         let mut y = values(r + 5);
         let mut s = r as f64 + 0.5;
         c.all_reduce_sum(&mut y, &mut s).expect("all-reduce");

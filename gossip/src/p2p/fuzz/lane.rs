@@ -120,6 +120,8 @@ pub(super) fn gen_lane(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
         if rng.chance(50) && share_seq < WINDOW {
             let parts = 1 + rng.below(3);
             let weight = rng.unit() as f64;
+            // Half the shares sent unscaled with their factor.
+            let scale = rng.chance(50).then(|| 1.0 / (2 + rng.below(3)) as f32);
             let mut these = Vec::new();
             for part in 0..parts {
                 let start = FLOATS * part / parts;
@@ -135,6 +137,7 @@ pub(super) fn gen_lane(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
                     len: (end - start) as u64,
                     total: FLOATS as u64,
                     weight,
+                    scale,
                     ..FrameHeader::of(FrameKind::Tensor(Kind::PushSum))
                 };
                 these.push((h, f32_to_bytes(&values)));
@@ -178,7 +181,7 @@ pub(super) fn gen_lane(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
     if hostile && !frames.is_empty() {
         let i = rng.below(frames.len());
         let (h, payload) = &mut frames[i];
-        match rng.below(12) {
+        match rng.below(13) {
             0 => h.view = rng.wild(),
             1 => h.len = rng.wild(),
             2 => h.offset = rng.wild(),
@@ -207,6 +210,11 @@ pub(super) fn gen_lane(rng: &mut Rng, hostile: bool) -> (Vec<u8>, usize) {
             10 => {
                 let copy = frames[i].clone();
                 frames.insert(i, copy);
+            }
+            11 => {
+                // Out of range, on a frame that takes none, or one part's
+                // differing from its share's other parts.
+                h.scale = Some(rng.pick(&[f32::NAN, f32::INFINITY, -0.25, 2.0, 0.5, 0.2]));
             }
             _ => h.step = rng.wild() as u32,
         }

@@ -28,7 +28,7 @@ use crate::p2p::wire::{DType, Kind, Reject};
 use crate::sync::lock;
 
 const MAGIC: &[u8; 8] = b"SLOWLANE";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// Bytes of the dialer's hello: magic, version, mode, index, id, nonce, MAC.
 const HELLO: usize = 8 + 1 + 1 + 2 + SESSION_ID + 16 + 32;
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -173,29 +173,17 @@ async fn write_loop(
             }
             stream.write_all(&record).await?;
             match &payload {
-                Some(p) if encrypted || matches!(p, Payload::Lent(l) if l.scaled()) => {
-                    // Each record sealed from the payload's bytes into the
-                    // record buffer (one pass), or copied there (and a
-                    // scaled loan's scaled) and sealed in place; the buffer
-                    // stays in the cache for the socket.
+                Some(p) if encrypted => {
+                    // Each record sealed from the payload's bytes (a share
+                    // lent unscaled as it is: its frame carries the scale)
+                    // into the record buffer, which stays in the cache for
+                    // the socket.
                     for start in range.clone().step_by(RECORD) {
                         let end = (start + RECORD).min(range.end);
-                        let sealed = match encrypted {
-                            true => p
-                                .with_bytes(start..end, |b| sealer.seal_from(b, &mut record))
-                                .map_err(std::io::Error::other)?,
-                            false => None,
-                        };
-                        if let Some(tag) = sealed {
-                            record.extend_from_slice(&tag);
-                        } else {
-                            p.copy_into(start..end, &mut record)
-                                .map_err(std::io::Error::other)?;
-                            if encrypted {
-                                let tag = sealer.seal(&mut record);
-                                record.extend_from_slice(&tag);
-                            }
-                        }
+                        let tag = p
+                            .with_bytes(start..end, |b| sealer.seal_from(b, &mut record))
+                            .map_err(std::io::Error::other)?;
+                        record.extend_from_slice(&tag);
                         stream.write_all(&record).await?;
                         shared.activity.touch(&peer);
                     }
@@ -207,7 +195,8 @@ async fn write_loop(
                     }
                 }
                 Some(Payload::Lent(lent)) => {
-                    // Straight from the lent bytes into the socket: one
+                    // Straight from the lent bytes (a share's unscaled, its
+                    // frame carrying the scale) into the socket: one
                     // non-blocking write at a time under the loan's lock.
                     let mut at = range.start;
                     while at < range.end {

@@ -14,7 +14,7 @@
 //! | 16..24 | view |
 //! | 24..32 | round (push-sum round or collective number) |
 //! | 32..36 | step (ring step) |
-//! | 36..40 | zero |
+//! | 36..40 | scale (f32 LE bits; zero: none): a push-sum share sent unscaled, whose receiver adds `scale * value` for each value |
 //! | 40..48, 48..56, 56..64 | offset, len, total (elements) |
 //! | 64..72 | weight (f64 LE bits) |
 //! | 72..80 | zero |
@@ -93,6 +93,10 @@ pub struct FrameHeader {
     pub len: u64,
     pub total: u64,
     pub weight: f64,
+    /// The factor of a push-sum share sent unscaled (the sender's `x`
+    /// straight from its memory): the receiver adds `scale * value`, the
+    /// bits of the scaled value the sender would have sent. In `(0, 1]`.
+    pub scale: Option<f32>,
 }
 
 impl FrameHeader {
@@ -110,6 +114,7 @@ impl FrameHeader {
             len: 0,
             total: 0,
             weight: 0.0,
+            scale: None,
         }
     }
 
@@ -122,6 +127,7 @@ impl FrameHeader {
         b[16..24].copy_from_slice(&self.view.to_le_bytes());
         b[24..32].copy_from_slice(&self.round.to_le_bytes());
         b[32..36].copy_from_slice(&self.step.to_le_bytes());
+        b[36..40].copy_from_slice(&self.scale.map_or(0, f32::to_bits).to_le_bytes());
         b[40..48].copy_from_slice(&self.offset.to_le_bytes());
         b[48..56].copy_from_slice(&self.len.to_le_bytes());
         b[56..64].copy_from_slice(&self.total.to_le_bytes());
@@ -135,7 +141,7 @@ impl FrameHeader {
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         let kind = FrameKind::from_code(b[0])
             .ok_or_else(|| format!("unknown lane frame kind {:#04x}", b[0]))?;
-        if b[1..4] != [0; 3] || b[36..40] != [0; 4] || b[72..] != [0; 8] {
+        if b[1..4] != [0; 3] || b[72..] != [0; 8] {
             return Err("reserved header bytes are not zero".into());
         }
         let h = Self {
@@ -150,9 +156,22 @@ impl FrameHeader {
             len: u64_at(48),
             total: u64_at(56),
             weight: f64::from_bits(u64_at(64)),
+            scale: match u32::from_le_bytes(b[36..40].try_into().expect("4 bytes")) {
+                0 => None,
+                bits => Some(f32::from_bits(bits)),
+            },
         };
         if h.parts == 0 || h.part >= h.parts {
             return Err(format!("part {} of {}", h.part, h.parts));
+        }
+        if let Some(s) = h.scale {
+            if h.kind != FrameKind::Tensor(Kind::PushSum) {
+                return Err(format!("a scale on a {:?} frame", h.kind));
+            }
+            // Also refuses NaN: a share's factor is 1/(out-peers + 1).
+            if !(s > 0.0 && s <= 1.0) {
+                return Err(format!("share scale {s} outside (0, 1]"));
+            }
         }
         Ok(h)
     }
@@ -193,5 +212,28 @@ mod tests {
         let mut bad = h.encode();
         bad[4] = 3; // part 3 of 3
         assert!(FrameHeader::decode(&bad).is_err());
+        // A scale rides on push-sum shares only, within (0, 1].
+        let share = FrameHeader {
+            scale: Some(1.0 / 3.0),
+            ..FrameHeader::of(FrameKind::Tensor(Kind::PushSum))
+        };
+        assert_eq!(FrameHeader::decode(&share.encode()).unwrap(), share);
+        let scaled_part = FrameHeader {
+            scale: Some(0.5),
+            ..h.clone()
+        };
+        assert!(
+            FrameHeader::decode(&scaled_part.encode())
+                .unwrap_err()
+                .contains("scale")
+        );
+        for s in [f32::NAN, f32::INFINITY, -0.5, 1.5, -0.0] {
+            let bad = FrameHeader {
+                scale: Some(s),
+                ..share.clone()
+            };
+            let err = FrameHeader::decode(&bad.encode()).unwrap_err();
+            assert!(err.contains("scale"), "{s}: {err}");
+        }
     }
 }

@@ -17,12 +17,14 @@
 //! A message (a push-sum share or an all-reduce chunk) is cut into up to K
 //! parts, one per connection, each a fixed binary header ([`frame`]) and the
 //! payload in records of 1 MiB. A synchronous push-sum share is not copied
-//! into a buffer first: the writers read it from the caller's parameters,
-//! lent for the round ([`super::lent`]), and scale each record as they copy
-//! it into the cache-sized record buffer (then sealed, or sent as it is);
-//! a ring's chunks are lent unscaled: the sealing writer seals each record
-//! from them straight into its record buffer, the plaintext writer sends
-//! them straight into the socket. The receiver reads each record into the part's own buffer and
+//! into a buffer first, nor scaled: the writers read the caller's `x`, lent
+//! for the round ([`super::lent`]), as it is, and the frame header carries
+//! the share's scale, which the receiver applies as it adds (the product
+//! rounded as the sender's would be, so the same bits). The sealing writer
+//! seals each record from the lent bytes (a share's or a ring chunk's)
+//! straight into its cache-sized record buffer; the plaintext writer sends
+//! them straight into the socket. The receiver reads each record into the
+//! part's own buffer and
 //! opens it there (plaintext in 128 KiB pieces, scanned for non-finite
 //! values while in the cache); push-sum parts are added straight from their
 //! buffers, all-reduce parts are handed on in the sender's order. A ring
@@ -507,6 +509,7 @@ impl Session {
                 total: if coded { elements as u64 } else { h.total },
                 // The scalar rides on the first part only.
                 weight: if push || part == 0 { h.weight } else { 0.0 },
+                scale: payload.scale(),
             };
             let job = Job::Frame {
                 header,

@@ -65,6 +65,7 @@ struct Assembly {
     round: u64,
     parts: u16,
     weight: f64,
+    scale: Option<f32>,
     got: Vec<(u16, usize, Vec<u8>)>,
 }
 
@@ -112,13 +113,18 @@ impl ShareAssembly {
             round: h.round,
             parts: h.parts,
             weight: h.weight,
+            scale: h.scale,
             got: Vec::new(),
         });
-        if a.round != h.round || a.parts != h.parts || a.weight.to_bits() != h.weight.to_bits() {
+        if a.round != h.round
+            || a.parts != h.parts
+            || a.weight.to_bits() != h.weight.to_bits()
+            || a.scale.map(f32::to_bits) != h.scale.map(f32::to_bits)
+        {
             return Err(format!(
-                "share {seq} announced as round {} in {} parts of weight {} and as round {} in \
-                 {} of weight {}",
-                a.round, a.parts, a.weight, h.round, h.parts, h.weight
+                "share {seq} announced as round {} in {} parts of weight {} scaled by {:?} and as \
+                 round {} in {} of weight {} scaled by {:?}",
+                a.round, a.parts, a.weight, a.scale, h.round, h.parts, h.weight, h.scale
             ));
         }
         if a.got.iter().any(|(p, _, _)| *p == h.part) {
@@ -149,11 +155,13 @@ impl ShareAssembly {
             ));
         }
         let share = match coded {
+            // The header's decoding refuses a scale on a compressed share.
             Some((codec, floats)) => {
                 let (_, _, bytes) = a.got.pop().expect("one part");
                 LeBytes::share(codec, floats, bytes).map_err(|e| e.to_string())?
             }
-            None => LeBytes::parts(a.got.into_iter().map(|(_, o, b)| (o, b)).collect()),
+            None => LeBytes::parts(a.got.into_iter().map(|(_, o, b)| (o, b)).collect())
+                .scaled_by(a.scale),
         };
         let mut order = lock(&self.order);
         order.insert(seq, (a.round, a.weight, share));
@@ -164,6 +172,62 @@ impl ShareAssembly {
             };
             self.next.store(next + 1, Ordering::SeqCst);
             deliver(round, weight, share)?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::p2p::lane::frame::FrameKind;
+    use crate::p2p::wire::Kind;
+
+    fn part(part: u16, scale: Option<f32>) -> FrameHeader {
+        FrameHeader {
+            part,
+            parts: 2,
+            round: 4,
+            offset: 2 * part as u64,
+            len: 2,
+            total: 4,
+            weight: 0.5,
+            scale,
+            ..FrameHeader::of(FrameKind::Tensor(Kind::PushSum))
+        }
+    }
+
+    #[test]
+    fn a_share_keeps_its_scale_and_parts_that_disagree_on_it_are_refused() {
+        use crate::ledger::SharePayload;
+        let bytes = |v: [f32; 2]| v.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let q = Some(0.25f32);
+        let shares = ShareAssembly::new(4);
+        let mut got = Vec::new();
+        let mut deliver = |round, weight, share: LeBytes| {
+            got.push((round, weight, share));
+            Ok(())
+        };
+        shares
+            .add_part(&part(1, q), bytes([8.0, 12.0]), None, &mut deliver)
+            .unwrap();
+        shares
+            .add_part(&part(0, q), bytes([1.0, -4.0]), None, &mut deliver)
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        let mut x = vec![1.0f32; 4];
+        got[0].2.add_into(&mut x);
+        assert_eq!(x, [1.25, 0.0, 3.0, 4.0]);
+
+        for (first, second) in [(q, None), (None, q), (q, Some(0.5))] {
+            let shares = ShareAssembly::new(4);
+            let mut deliver = |_, _, _| Ok(());
+            shares
+                .add_part(&part(0, first), bytes([1.0, 2.0]), None, &mut deliver)
+                .unwrap();
+            let err = shares
+                .add_part(&part(1, second), bytes([3.0, 4.0]), None, &mut deliver)
+                .unwrap_err();
+            assert!(err.contains("scaled by"), "{err}");
         }
     }
 }
