@@ -6,12 +6,27 @@
 /// `f32` exponent bits: all ones means infinity or NaN.
 pub(crate) const EXP: u32 = 0x7f80_0000;
 
+/// A word whose top bit is set when `bits` is an `f32` infinity or NaN:
+/// its exponent bits plus one unit of exponent carry into bit 31 only when
+/// they are all ones. Or-ed over a block and tested once, it vectorises to
+/// an and, an add and an or a word.
+#[inline]
+pub(crate) fn non_finite_flag(bits: u32) -> u32 {
+    (bits & EXP).wrapping_add(1 << 23)
+}
+
+/// Whether a word of [`non_finite_flag`]s or-ed together saw one.
+#[inline]
+pub(crate) fn flagged(flags: u32) -> bool {
+    flags & (1 << 31) != 0
+}
+
 /// The first non-finite element of an `f32` LE payload, if any.
 pub fn first_non_finite(bytes: &[u8]) -> Option<(usize, f32)> {
     let bad = bytes
         .chunks_exact(4)
         .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-        .position(|bits| bits & EXP == EXP)?;
+        .position(|bits| flagged(non_finite_flag(bits)))?;
     let v = f32::from_le_bytes(bytes[4 * bad..4 * bad + 4].try_into().unwrap());
     Some((bad, v))
 }

@@ -10,7 +10,7 @@
 use std::sync::Mutex;
 
 use crate::compress::{self, CodecError, Compression};
-use crate::le::EXP;
+use crate::le::{flagged, non_finite_flag};
 pub use crate::le::{add_bytes, first_non_finite};
 use crate::sync::lock;
 
@@ -40,17 +40,17 @@ impl Scan {
             i += 4;
         }
         let mut blocks = bytes[i..].chunks_exact(4 * LANES);
-        let mut bad = false;
+        let mut bad = 0u32;
         for block in &mut blocks {
             for lane in 0..LANES {
                 let w = u32::from_le_bytes(block[4 * lane..4 * lane + 4].try_into().unwrap());
                 self.a[lane] = self.a[lane].wrapping_add(w as u64);
                 self.b[lane] = self.b[lane].wrapping_add(self.a[lane]);
-                bad |= w & EXP == EXP;
+                bad |= non_finite_flag(w);
             }
             self.words += LANES;
         }
-        self.non_finite |= bad;
+        self.non_finite |= flagged(bad);
         for word in blocks.remainder().chunks(4) {
             let mut padded = [0u8; 4];
             padded[..word.len()].copy_from_slice(word);
@@ -63,7 +63,7 @@ impl Scan {
         let lane = self.words % LANES;
         self.a[lane] = self.a[lane].wrapping_add(w as u64);
         self.b[lane] = self.b[lane].wrapping_add(self.a[lane]);
-        self.non_finite |= w & EXP == EXP;
+        self.non_finite |= flagged(non_finite_flag(w));
         self.words += 1;
     }
 
@@ -94,9 +94,9 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 /// early exit that the compiler vectorises, for data just read.
 pub fn has_non_finite(bytes: &[u8]) -> bool {
     bytes.chunks(16 << 10).any(|block| {
-        block.chunks_exact(4).fold(false, |bad, w| {
-            bad | (u32::from_le_bytes([w[0], w[1], w[2], w[3]]) & EXP == EXP)
-        })
+        flagged(block.chunks_exact(4).fold(0, |bad, w| {
+            bad | non_finite_flag(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        }))
     })
 }
 
@@ -461,6 +461,25 @@ mod tests {
         s.feed(&f32_to_bytes(&[0.0; 20]));
         s.feed(&f32_to_bytes(&[f32::NEG_INFINITY]));
         assert!(s.non_finite());
+        // Every exponent at its edges, both signs, each alone in a long
+        // finite payload (the block-wise scans) and at each place of a block.
+        for exp in 0u32..256 {
+            for mantissa in [0, 1, 0x40_0000, 0x7f_ffff] {
+                for sign in [0, 1 << 31] {
+                    let bits = sign | exp << 23 | mantissa;
+                    let v = f32::from_bits(bits);
+                    let mut xs = vec![1.5f32; 40];
+                    xs[(exp as usize + mantissa as usize) % 40] = v;
+                    let bytes = f32_to_bytes(&xs);
+                    let bad = !v.is_finite();
+                    assert_eq!(has_non_finite(&bytes), bad, "{bits:#010x}");
+                    assert_eq!(first_non_finite(&bytes).is_some(), bad, "{bits:#010x}");
+                    let mut s = Scan::default();
+                    s.feed(&bytes);
+                    assert_eq!(s.non_finite(), bad, "{bits:#010x}");
+                }
+            }
+        }
     }
 
     #[test]
