@@ -19,6 +19,16 @@ pub mod push_sum;
 pub mod rng;
 pub mod schedule;
 pub mod slowmo;
+mod wide;
+
+/// The parameter loops dispatched by CPU features, each with its portable
+/// body, for the benchmark that compares them (`cargo bench -p
+/// slowmo-optim`).
+#[doc(hidden)]
+pub mod kernels {
+    pub use crate::optimizer::{sgd_momentum, sgd_momentum_portable};
+    pub use crate::push_sum::{divide, divide_portable, multiply, multiply_portable};
+}
 
 pub use error::{OptimError, SCHEDULE_FORMS};
 pub use optimizer::{Optimizer, OptimizerConfig, OptimizerKind};

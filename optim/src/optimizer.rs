@@ -9,6 +9,7 @@
 //! to checkpoint them or to exact-average them (the `average` buffer policy).
 
 use crate::error::{OptimError, check_non_negative, check_positive, check_unit_interval};
+use crate::wide::wide;
 
 crate::named_enum! {
     /// Which base optimizer to run.
@@ -133,23 +134,12 @@ impl Optimizer {
         self.steps += 1;
         let wd = self.cfg.weight_decay;
         match &mut self.state {
-            State::Sgd { momentum: None } => {
-                for (xi, &gi) in x.iter_mut().zip(grad) {
-                    let d = if wd != 0.0 { gi + wd * *xi } else { gi };
-                    *xi -= lr * d;
-                }
-            }
+            State::Sgd { momentum: None } => sgd(x, grad, lr, wd),
             State::Sgd {
                 momentum: Some(buf),
             } => {
-                let mu = self.cfg.momentum;
-                let nesterov = self.cfg.nesterov;
-                for ((xi, &gi), bi) in x.iter_mut().zip(grad).zip(buf.iter_mut()) {
-                    let d = if wd != 0.0 { gi + wd * *xi } else { gi };
-                    *bi = mu * *bi + d;
-                    let d = if nesterov { d + mu * *bi } else { *bi };
-                    *xi -= lr * d;
-                }
+                let (mu, nesterov) = (self.cfg.momentum, self.cfg.nesterov);
+                sgd_momentum(x, grad, buf, lr, wd, mu, nesterov);
             }
             State::Adam {
                 exp_avg,
@@ -162,28 +152,17 @@ impl Optimizer {
                 let bc2_sqrt = (1.0 - (b2 as f64).powf(t)).sqrt();
                 let step_size = (lr as f64 / bc1) as f32;
                 let bc2_sqrt = bc2_sqrt as f32;
-                let decay = 1.0 - lr * wd;
-                for (((xi, &gi), mi), vi) in x
-                    .iter_mut()
-                    .zip(grad)
-                    .zip(exp_avg.iter_mut())
-                    .zip(exp_avg_sq.iter_mut())
-                {
-                    let g = if decoupled {
-                        if wd != 0.0 {
-                            *xi *= decay;
-                        }
-                        gi
-                    } else if wd != 0.0 {
-                        gi + wd * *xi
-                    } else {
-                        gi
-                    };
-                    *mi = b1 * *mi + (1.0 - b1) * g;
-                    *vi = b2 * *vi + (1.0 - b2) * g * g;
-                    let denom = vi.sqrt() / bc2_sqrt + eps;
-                    *xi -= step_size * *mi / denom;
-                }
+                let moments = Moments {
+                    b1,
+                    b2,
+                    eps,
+                    wd,
+                    decoupled,
+                    decay: 1.0 - lr * wd,
+                    step_size,
+                    bc2_sqrt,
+                };
+                adam(x, grad, exp_avg, exp_avg_sq, moments);
             }
         }
     }
@@ -257,6 +236,83 @@ impl Optimizer {
             b.fill(0.0);
         }
         self.steps = 0;
+    }
+}
+
+/// Adam's constants for one step.
+#[derive(Clone, Copy)]
+pub(crate) struct Moments {
+    pub(crate) b1: f32,
+    pub(crate) b2: f32,
+    pub(crate) eps: f32,
+    pub(crate) wd: f32,
+    pub(crate) decoupled: bool,
+    /// AdamW's `1 - lr * wd`.
+    pub(crate) decay: f32,
+    pub(crate) step_size: f32,
+    pub(crate) bc2_sqrt: f32,
+}
+
+wide! {
+    /// Plain SGD: `x -= lr * (g + wd * x)`.
+    pub(crate) fn sgd / sgd_portable(x: &mut [f32], grad: &[f32], lr: f32, wd: f32) {
+        for (xi, &gi) in x.iter_mut().zip(grad) {
+            let d = if wd != 0.0 { gi + wd * *xi } else { gi };
+            *xi -= lr * d;
+        }
+    }
+}
+
+wide! {
+    /// SGD with (Nesterov) momentum, PyTorch's form.
+    pub fn sgd_momentum / sgd_momentum_portable(
+        x: &mut [f32],
+        grad: &[f32],
+        buf: &mut [f32],
+        lr: f32,
+        wd: f32,
+        mu: f32,
+        nesterov: bool,
+    ) {
+        for ((xi, &gi), bi) in x.iter_mut().zip(grad).zip(buf.iter_mut()) {
+            let d = if wd != 0.0 { gi + wd * *xi } else { gi };
+            *bi = mu * *bi + d;
+            let d = if nesterov { d + mu * *bi } else { *bi };
+            *xi -= lr * d;
+        }
+    }
+}
+
+wide! {
+    /// Adam and AdamW, PyTorch's form.
+    pub(crate) fn adam / adam_portable(
+        x: &mut [f32],
+        grad: &[f32],
+        exp_avg: &mut [f32],
+        exp_avg_sq: &mut [f32],
+        k: Moments,
+    ) {
+        for (((xi, &gi), mi), vi) in x
+            .iter_mut()
+            .zip(grad)
+            .zip(exp_avg.iter_mut())
+            .zip(exp_avg_sq.iter_mut())
+        {
+            let g = if k.decoupled {
+                if k.wd != 0.0 {
+                    *xi *= k.decay;
+                }
+                gi
+            } else if k.wd != 0.0 {
+                gi + k.wd * *xi
+            } else {
+                gi
+            };
+            *mi = k.b1 * *mi + (1.0 - k.b1) * g;
+            *vi = k.b2 * *vi + (1.0 - k.b2) * g * g;
+            let denom = vi.sqrt() / k.bc2_sqrt + k.eps;
+            *xi -= k.step_size * *mi / denom;
+        }
     }
 }
 

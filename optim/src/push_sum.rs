@@ -11,6 +11,7 @@
 //! `> 0`; gossip rejects peer messages that would break that.
 
 use crate::error::OptimError;
+use crate::wide::wide;
 
 /// Numerator and weight of push-sum gossip.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,9 +49,7 @@ impl PushSum {
             z.copy_from_slice(&self.x);
             return;
         }
-        for (zi, &xi) in z.iter_mut().zip(&self.x) {
-            *zi = (xi as f64 / self.w) as f32;
-        }
+        divide(&self.x, self.w, z);
     }
 
     /// `x / w` as a new vector.
@@ -72,9 +71,7 @@ impl PushSum {
             self.x.copy_from_slice(z);
             return;
         }
-        for (xi, &zi) in self.x.iter_mut().zip(z) {
-            *xi = (self.w * zi as f64) as f32;
-        }
+        multiply(z, self.w, &mut self.x);
     }
 
     /// After an exact average: `x = z_bar`, `w = 1`.
@@ -90,9 +87,7 @@ impl PushSum {
     /// Multiplies `x` and `w` by `p` (keeping the share `p` of the mass).
     pub fn scale(&mut self, p: f64) {
         self.w *= p;
-        for xi in &mut self.x {
-            *xi = (*xi as f64 * p) as f32;
-        }
+        scale(&mut self.x, p);
     }
 
     /// Adds a received share `(x, w)`. Length-checked, since shares come from peers.
@@ -109,6 +104,33 @@ impl PushSum {
         }
         self.w += w;
         Ok(())
+    }
+}
+
+wide! {
+    /// `z = x / w`, each element divided in `f64` and rounded once.
+    pub fn divide / divide_portable(x: &[f32], w: f64, z: &mut [f32]) {
+        for (zi, &xi) in z.iter_mut().zip(x) {
+            *zi = (xi as f64 / w) as f32;
+        }
+    }
+}
+
+wide! {
+    /// `x = w * z`, each product in `f64` rounded once.
+    pub fn multiply / multiply_portable(z: &[f32], w: f64, x: &mut [f32]) {
+        for (xi, &zi) in x.iter_mut().zip(z) {
+            *xi = (w * zi as f64) as f32;
+        }
+    }
+}
+
+wide! {
+    /// `x *= p`, each product in `f64` rounded once.
+    pub(crate) fn scale / scale_portable(x: &mut [f32], p: f64) {
+        for xi in x.iter_mut() {
+            *xi = (*xi as f64 * p) as f32;
+        }
     }
 }
 

@@ -13,6 +13,7 @@
 
 use crate::error::{OptimError, check_finite, check_positive, check_unit_interval};
 use crate::push_sum::PushSum;
+use crate::wide::wide;
 
 crate::named_enum! {
     /// What happens to base-optimizer buffers (momentum, Adam moments) at the start
@@ -148,27 +149,17 @@ impl SlowMo {
         let identity = self.cfg.is_identity();
         let (alpha, beta) = (self.cfg.alpha as f64, self.cfg.beta as f64);
         let nesterov = self.cfg.nesterov;
-        let elems = x.iter_mut().zip(&self.anchor).zip(self.u.iter_mut());
         if gamma.is_finite() && gamma > 0.0 {
-            let gamma = gamma as f64;
-            for ((xi, &ai), ui) in elems {
-                let anchor = ai as f64;
-                let g = (anchor - *xi as f64) / gamma;
-                let u = beta * *ui as f64 + g;
-                *ui = u as f32;
-                if !identity {
-                    let dir = if nesterov { g + beta * u } else { u };
-                    *xi = (anchor - alpha * gamma * dir) as f32;
-                }
-            }
+            let k = Outer {
+                alpha,
+                beta,
+                gamma: gamma as f64,
+                nesterov,
+                identity,
+            };
+            outer(x, &self.anchor, &mut self.u, k);
         } else {
-            for ((xi, &ai), ui) in elems {
-                *ui = (beta * *ui as f64) as f32;
-                if !identity {
-                    let anchor = ai as f64;
-                    *xi = (anchor + alpha * (*xi as f64 - anchor)) as f32;
-                }
-            }
+            outer_without_gamma(x, &self.anchor, &mut self.u, alpha, beta, identity);
         }
         self.anchor.copy_from_slice(x);
         self.outer_steps += 1;
@@ -256,6 +247,52 @@ impl SlowMo {
         }
         self.anchor.copy_from_slice(x);
         Ok(())
+    }
+}
+
+/// The outer step's constants.
+#[derive(Clone, Copy)]
+pub(crate) struct Outer {
+    pub(crate) alpha: f64,
+    pub(crate) beta: f64,
+    pub(crate) gamma: f64,
+    pub(crate) nesterov: bool,
+    pub(crate) identity: bool,
+}
+
+wide! {
+    /// The outer step with a learning rate `gamma > 0`, per element in `f64`.
+    pub(crate) fn outer / outer_portable(x: &mut [f32], anchor: &[f32], u: &mut [f32], k: Outer) {
+        for ((xi, &ai), ui) in x.iter_mut().zip(anchor).zip(u.iter_mut()) {
+            let anchor = ai as f64;
+            let g = (anchor - *xi as f64) / k.gamma;
+            let u = k.beta * *ui as f64 + g;
+            *ui = u as f32;
+            if !k.identity {
+                let dir = if k.nesterov { g + k.beta * u } else { u };
+                *xi = (anchor - k.alpha * k.gamma * dir) as f32;
+            }
+        }
+    }
+}
+
+wide! {
+    /// The outer step's limit as `gamma` goes to 0.
+    pub(crate) fn outer_without_gamma / outer_without_gamma_portable(
+        x: &mut [f32],
+        anchor: &[f32],
+        u: &mut [f32],
+        alpha: f64,
+        beta: f64,
+        identity: bool,
+    ) {
+        for ((xi, &ai), ui) in x.iter_mut().zip(anchor).zip(u.iter_mut()) {
+            *ui = (beta * *ui as f64) as f32;
+            if !identity {
+                let anchor = ai as f64;
+                *xi = (anchor + alpha * (*xi as f64 - anchor)) as f32;
+            }
+        }
     }
 }
 

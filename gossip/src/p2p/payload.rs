@@ -10,8 +10,8 @@
 use std::sync::Mutex;
 
 use crate::compress::{self, CodecError, Compression};
-use crate::le::{flagged, non_finite_flag};
 pub use crate::le::{add_bytes, first_non_finite};
+use crate::le::{flagged, non_finite_flag};
 use crate::sync::lock;
 
 const LANES: usize = 8;
