@@ -31,24 +31,15 @@ pub fn first_non_finite(bytes: &[u8]) -> Option<(usize, f32)> {
     Some((bad, v))
 }
 
-/// `dst[i] += payload[i]` for an `f32` LE payload.
+/// `dst[i] += payload[i]` for an `f32` LE payload ([`add_scaled_bytes`] by
+/// 1, an exact multiply the compiler drops).
 pub fn add_bytes(dst: &mut [f32], payload: &[u8]) {
-    for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
-        *d += f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-    }
-}
-
-/// `dst[i] = p * dst[i] + payload[i]` (LE `f32`s), rounded as a multiply
-/// then an add: the bits of scaling `dst` first, then [`add_bytes`].
-pub fn scale_add_bytes(dst: &mut [f32], p: f32, payload: &[u8]) {
-    for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
-        let scaled = *d * p;
-        *d = scaled + f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-    }
+    add_scaled_bytes(dst, 1.0, payload);
 }
 
 /// `dst[i] += q * payload[i]` (LE `f32`s), the product rounded first: the
 /// bits of adding a payload its sender had scaled by `q`.
+#[inline]
 pub fn add_scaled_bytes(dst: &mut [f32], q: f32, payload: &[u8]) {
     for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
         *d += f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * q;
@@ -56,9 +47,10 @@ pub fn add_scaled_bytes(dst: &mut [f32], q: f32, payload: &[u8]) {
 }
 
 /// `dst[i] = p * dst[i] + q * payload[i]` (LE `f32`s), each product
-/// rounded, then the sum: [`scale_add_bytes`] of a payload its sender had
-/// scaled by `q`.
-pub fn scale_add_scaled_bytes(dst: &mut [f32], p: f32, q: f32, payload: &[u8]) {
+/// rounded, then the sum (no fused multiply-add): the bits of scaling `dst`
+/// first and then adding a payload its sender had scaled by `q` (1 for one
+/// sent scaled).
+pub fn scale_add_bytes(dst: &mut [f32], p: f32, q: f32, payload: &[u8]) {
     for (d, w) in dst.iter_mut().zip(payload.chunks_exact(4)) {
         let scaled = *d * p;
         *d = scaled + f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * q;

@@ -258,12 +258,11 @@ impl crate::ledger::SharePayload for LeBytes {
             }
             return;
         }
+        // A share sent scaled is added times 1: an exact multiply.
+        let q = self.scale.unwrap_or(1.0);
         for (offset, bytes) in &self.parts {
             if let Some(dst) = x.get_mut(*offset..) {
-                match self.scale {
-                    Some(q) => crate::le::add_scaled_bytes(dst, q, bytes),
-                    None => add_bytes(dst, bytes),
-                }
+                crate::le::add_scaled_bytes(dst, q, bytes);
             }
         }
     }
@@ -283,12 +282,9 @@ impl crate::ledger::SharePayload for LeBytes {
             self.add_into(x);
             return;
         }
+        let q = self.scale.unwrap_or(1.0);
         for (offset, bytes) in &self.parts {
-            let dst = &mut x[*offset..];
-            match self.scale {
-                Some(q) => crate::le::scale_add_scaled_bytes(dst, p, q, bytes),
-                None => crate::le::scale_add_bytes(dst, p, bytes),
-            }
+            crate::le::scale_add_bytes(&mut x[*offset..], p, q, bytes);
         }
     }
 }
