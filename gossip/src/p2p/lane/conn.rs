@@ -153,6 +153,9 @@ async fn write_loop(
     let peer = session.peer;
     let mut sealer = session.keys.sealer(index);
     let encrypted = session.mode == DataLane::Encrypted;
+    // The header's record apart: the payload's record buffer keeps its
+    // length (it is sealed over, never zeroed again).
+    let mut head = Vec::with_capacity(HEADER + TAG);
     let mut record = Vec::with_capacity(RECORD + TAG);
     while let Some(job) = rx.recv().await {
         let tensor = matches!(&job, Job::Frame { header, .. } if matches!(header.kind, FrameKind::Tensor(_) | FrameKind::Coded));
@@ -165,13 +168,13 @@ async fn write_loop(
             Job::End(done) => (FrameHeader::of(FrameKind::End), None, 0..0, Some(done)),
         };
         let result = async {
-            record.clear();
-            record.extend_from_slice(&header.encode());
+            head.clear();
+            head.extend_from_slice(&header.encode());
             if encrypted {
-                let tag = sealer.seal(&mut record);
-                record.extend_from_slice(&tag);
+                let tag = sealer.seal(&mut head);
+                head.extend_from_slice(&tag);
             }
-            stream.write_all(&record).await?;
+            stream.write_all(&head).await?;
             match &payload {
                 Some(p) if encrypted => {
                     // Each record sealed from the payload's bytes (a share
@@ -180,11 +183,10 @@ async fn write_loop(
                     // the socket.
                     for start in range.clone().step_by(RECORD) {
                         let end = (start + RECORD).min(range.end);
-                        let tag = p
+                        let sealed = p
                             .with_bytes(start..end, |b| sealer.seal_from(b, &mut record))
                             .map_err(std::io::Error::other)?;
-                        record.extend_from_slice(&tag);
-                        stream.write_all(&record).await?;
+                        stream.write_all(&record[..sealed]).await?;
                         shared.activity.touch(&peer);
                     }
                 }
@@ -427,7 +429,7 @@ async fn read_frame(r: &mut Reader<'_>, scratch: &mut Vec<u8>) -> Result<bool, S
         FrameKind::Probe => {
             // Benchmark bytes: read a record at a time and dropped.
             let mut left = h.len;
-            scratch.resize(RECORD, 0);
+            super::reader::at_least(scratch, RECORD);
             while left > 0 {
                 let n = left.min(RECORD as u64) as usize;
                 r.record(&mut scratch[..n]).await?;

@@ -153,23 +153,29 @@ impl Sealer<'_> {
 }
 
 impl Sealer<'_> {
-    /// Encrypts `data` into `out` (resized to its length) and returns the
-    /// tag: the seal and the copy into the record buffer in one pass.
-    pub fn seal_from(&mut self, data: &[u8], out: &mut Vec<u8>) -> [u8; TAG] {
-        // Written over, so not zeroed first where it is long enough.
-        *out = crate::p2p::payload::sized(std::mem::take(out), data.len());
+    /// Encrypts `data` into the start of `out`, its tag after it, and
+    /// returns their length: the seal and the copy into the record buffer
+    /// in one pass. `out` only grows: a record buffer is sealed over, so it
+    /// is zeroed once, when it first grows, not before every record.
+    pub fn seal_from(&mut self, data: &[u8], out: &mut Vec<u8>) -> usize {
+        let sealed = data.len() + TAG;
+        if out.len() < sealed {
+            out.resize(sealed, 0);
+        }
+        let (body, rest) = out.split_at_mut(data.len());
         let mut tag = [0u8; TAG];
         self.key
             .seal_out_of_place_scatter(
                 self.nonces.next(),
                 aead::Aad::empty(),
                 data,
-                out,
+                body,
                 &[],
                 &mut tag,
             )
             .expect("the lengths match and a record is far below AES-GCM's limit");
-        tag
+        rest[..TAG].copy_from_slice(&tag);
+        sealed
     }
 }
 
@@ -257,19 +263,25 @@ mod tests {
     fn a_record_sealed_from_another_buffer_opens_as_one_sealed_in_place() {
         let (a, b) = pair();
         let (mut s, mut o) = (a.sealer(4), b.opener(4));
-        let mut out = vec![9u8; 40];
+        let mut out = vec![9u8; 8];
+        // A longer record grows the buffer; a shorter one after it is
+        // sealed over its start, the rest left as it was.
         for text in [b"a longer first record".as_slice(), b"short"] {
-            let tag = s.seal_from(text, &mut out);
-            assert_eq!(out.len(), text.len());
-            assert_ne!(out.as_slice(), text);
-            assert!(o.open(&mut out, tag));
-            assert_eq!(out.as_slice(), text);
+            let n = s.seal_from(text, &mut out);
+            assert_eq!(n, text.len() + TAG);
+            assert!(out.len() >= n);
+            let (body, tag) = out[..n].split_at_mut(text.len());
+            assert_ne!(&*body, text);
+            assert!(o.open(body, tag.try_into().unwrap()));
+            assert_eq!(&*body, text);
         }
+        assert_eq!(out.len(), b"a longer first record".len() + TAG);
         // The same bytes as a seal in place under the same nonce.
         let mut in_place = b"same".to_vec();
         let t1 = a.sealer(5).seal(&mut in_place);
-        let t2 = a.sealer(5).seal_from(b"same", &mut out);
-        assert_eq!((in_place, t1), (out, t2));
+        let n = a.sealer(5).seal_from(b"same", &mut out);
+        assert_eq!(&out[..4], in_place.as_slice());
+        assert_eq!(out[4..n], t1);
     }
 
     #[test]

@@ -121,8 +121,7 @@ impl Reader<'_> {
                 };
                 let read = read.unwrap_or_else(|_| {
                     open = false;
-                    scratch.resize(SCAN_PIECE, 0);
-                    stream.try_read(&mut scratch[..end - got])
+                    stream.try_read(&mut at_least(scratch, SCAN_PIECE)[..end - got])
                 });
                 match read {
                     Ok(0) => {
@@ -159,7 +158,7 @@ impl Reader<'_> {
         scratch: &mut Vec<u8>,
     ) -> Result<(), Stop> {
         let piece = if self.encrypted { RECORD } else { SCAN_PIECE };
-        scratch.resize(piece.min(bytes), 0);
+        at_least(scratch, piece.min(bytes));
         let into_place = self.encrypted && !claim.add && cfg!(target_endian = "little");
         let (mut at, mut open) = (0, true);
         while at < bytes {
@@ -216,4 +215,14 @@ fn finite(piece: &[u8], at: usize) -> Result<(), Stop> {
         }));
     }
     Ok(())
+}
+
+/// `buf` grown to at least `n` bytes: a scratch buffer is read or opened
+/// over, so what it holds is zeroed once, when it first grows, and never
+/// again (shrinking it would zero it on every regrowth).
+pub(super) fn at_least(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+    buf
 }
