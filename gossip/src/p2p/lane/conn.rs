@@ -81,6 +81,9 @@ pub(crate) async fn dial(
             if &answer[..2] != b"OK" || answer[2..] != expect {
                 return Err(format!("{addr}: the answer does not prove the lane's key"));
             }
+            // Our writer's connection: a short link's send buffer fixed.
+            let (rtt, buffer) = super::tune::size_send_buffer(&s);
+            tracing::debug!(%addr, ?rtt, ?buffer, "lane connection {index}: send buffer");
             Ok(s)
         };
         match tokio::time::timeout(SETUP_TIMEOUT, attempt).await {

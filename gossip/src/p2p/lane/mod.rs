@@ -47,6 +47,7 @@ mod offer;
 mod order;
 mod probe;
 mod reader;
+mod tune;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
