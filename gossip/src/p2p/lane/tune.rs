@@ -129,7 +129,7 @@ mod tests {
         assert_eq!(set, Some(SEND_BUFFER));
         // The kernel reports the doubled value it keeps.
         let sock = socket_send_buffer(&s);
-        assert!(sock >= SEND_BUFFER && sock < 4 * SEND_BUFFER, "{sock}");
+        assert!((SEND_BUFFER..4 * SEND_BUFFER).contains(&sock), "{sock}");
     }
 
     #[cfg(target_os = "linux")]
