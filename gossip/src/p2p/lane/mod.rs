@@ -34,6 +34,10 @@
 //! is opened from the record buffer straight into its place, or on the
 //! plaintext lane read from the socket straight there
 //! ([`super::landing`]).
+//! A writer's connection over a short link (the same host, a rack: the
+//! kernel's round trip at most 250 us) gets a fixed 512 KiB send buffer
+//! instead of the kernel's autotuned one, and a longer link keeps the
+//! autotuning ([`tune`]).
 //! There is no checksum: the records are authenticated. Sizes, shapes, run,
 //! view, round window and finiteness are checked as on the libp2p streams
 //! ([`super::inbound::check_header`]).
