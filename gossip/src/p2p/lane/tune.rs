@@ -44,22 +44,34 @@ pub(crate) fn size_send_buffer(stream: &TcpStream) -> (Option<Duration>, Option<
 /// The kernel's smoothed round trip of the connection.
 #[cfg(target_os = "linux")]
 fn rtt(stream: &TcpStream) -> Option<Duration> {
+    let (info, len) = option::<libc::tcp_info>(stream, libc::IPPROTO_TCP, libc::TCP_INFO)?;
+    // `tcpi_rtt` lies well inside the part every kernel fills.
+    (len >= 72).then(|| Duration::from_micros(info.tcpi_rtt.into()))
+}
+
+/// Socket option `name` of `level` as a `T` of plain data (zeroed where the
+/// kernel wrote less), and the bytes the kernel wrote.
+#[cfg(target_os = "linux")]
+fn option<T: Copy>(
+    stream: &TcpStream,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> Option<(T, usize)> {
     use std::os::fd::AsRawFd;
-    // SAFETY: `tcp_info` is plain data; the kernel writes at most `len`
-    // bytes of it into the zeroed value and says how many.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the options read here are plain data, valid when zeroed; the
+    // kernel writes at most `len` bytes into the value and says how many.
+    let mut value: T = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
     let rc = unsafe {
         libc::getsockopt(
             stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
+            level,
+            name,
+            (&mut value as *mut T).cast(),
             &mut len,
         )
     };
-    // `tcpi_rtt` lies well inside the part every kernel fills.
-    (rc == 0 && len as usize >= 72).then(|| Duration::from_micros(info.tcpi_rtt.into()))
+    (rc == 0).then_some((value, len as usize))
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -134,19 +146,7 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     fn socket_send_buffer(s: &TcpStream) -> usize {
-        use std::os::fd::AsRawFd;
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        let rc = unsafe {
-            libc::getsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0);
+        let (v, _) = option::<libc::c_int>(s, libc::SOL_SOCKET, libc::SO_SNDBUF).unwrap();
         v as usize
     }
 }
