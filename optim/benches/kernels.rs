@@ -25,7 +25,7 @@ fn median_us(mut f: impl FnMut()) -> f64 {
 
 fn main() {
     println!(
-        "{:>10} {:>14} {:>12} {:>12} {:>8}",
+        "{:>10} {:>18} {:>12} {:>12} {:>8}",
         "floats", "loop", "portable us", "dispatched us", "speedup"
     );
     for n in [203_530usize, 10_000_000] {
@@ -33,11 +33,21 @@ fn main() {
         let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11 - 3.0) * 1e-4).collect();
         let mut z = vec![0f32; n];
         let mut buf = vec![0f32; n];
-        let w = 2.0 / 3.0;
         let mut rows: Vec<(&str, f64, f64)> = Vec::new();
-        let a = median_us(|| divide_portable(black_box(&x), w, &mut z));
-        let b = median_us(|| divide(black_box(&x), w, &mut z));
-        rows.push(("x / w", a, b));
+        // A push-sum weight, and one whose reciprocal (1.5) puts half the
+        // products on a tipping point of the rounding (divided instead).
+        for (w, quotient, division) in [
+            (0.75, "x / w", "x / w by div"),
+            (2.0 / 3.0, "x / (2/3)", "x / (2/3) by div"),
+        ] {
+            let a = median_us(|| divide_by_product_portable(black_box(&x), w, &mut z));
+            let b = median_us(|| divide(black_box(&x), w, &mut z));
+            rows.push((quotient, a, b));
+            let a = median_us(|| divide_by_division_portable(black_box(&x), w, &mut z));
+            let b = median_us(|| divide_by_division(black_box(&x), w, &mut z));
+            rows.push((division, a, b));
+        }
+        let w = 0.75;
         let a = median_us(|| multiply_portable(black_box(&x), w, &mut z));
         let b = median_us(|| multiply(black_box(&x), w, &mut z));
         rows.push(("w * z", a, b));
@@ -48,7 +58,7 @@ fn main() {
         let b = median_us(|| sgd_momentum(&mut z, black_box(&g), &mut buf, 0.01, 0.0, 0.9, false));
         rows.push(("sgd momentum", a, b));
         for (name, a, b) in rows {
-            println!("{n:>10} {name:>14} {a:>12.1} {b:>12.1} {:>7.2}x", a / b);
+            println!("{n:>10} {name:>18} {a:>12.1} {b:>12.1} {:>7.2}x", a / b);
         }
     }
 }

@@ -27,7 +27,10 @@ mod wide;
 #[doc(hidden)]
 pub mod kernels {
     pub use crate::optimizer::{sgd_momentum, sgd_momentum_portable};
-    pub use crate::push_sum::{divide, divide_portable, multiply, multiply_portable};
+    pub use crate::push_sum::{
+        divide, divide_by_division, divide_by_division_portable, divide_by_product,
+        divide_by_product_portable, multiply, multiply_portable,
+    };
 }
 
 pub use error::{OptimError, SCHEDULE_FORMS};

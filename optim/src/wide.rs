@@ -58,7 +58,8 @@ mod tests {
         Moments, adam, adam_portable, sgd, sgd_momentum, sgd_momentum_portable, sgd_portable,
     };
     use crate::push_sum::{
-        divide, divide_portable, multiply, multiply_portable, scale, scale_portable,
+        divide_by_product, divide_by_product_portable, multiply, multiply_portable, scale,
+        scale_portable,
     };
     use crate::slowmo::{
         Outer, outer, outer_portable, outer_without_gamma, outer_without_gamma_portable,
@@ -96,8 +97,8 @@ mod tests {
             let g = values(n as u64 + 1, n);
             for w in [2.0 / 3.0, 0.1, 3.0, 1e-30, 0.5] {
                 let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
-                divide(&x, w, &mut a);
-                divide_portable(&x, w, &mut b);
+                divide_by_product(&x, w, &mut a);
+                divide_by_product_portable(&x, w, &mut b);
                 assert_eq!(bits(&a), bits(&b), "divide n {n} w {w}");
                 multiply(&x, w, &mut a);
                 multiply_portable(&x, w, &mut b);
