@@ -172,7 +172,7 @@ wide! {
             .zip(x[..whole].chunks_exact(BLOCK))
             .enumerate()
         {
-            if divided > GIVE_UP {
+            if divided >= GIVE_UP {
                 // A reciprocal whose products keep landing on the tipping
                 // points (a `w` like 2/3, whose reciprocal has few bits):
                 // the rest by division.
