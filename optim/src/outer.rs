@@ -98,6 +98,16 @@ pub struct LoopState {
     pub average_residual: Vec<f32>,
 }
 
+impl LoopState {
+    /// The de-biased parameters `x / w` (the bits of
+    /// [`PushSum::debiased`]).
+    pub fn debiased(&self) -> Vec<f32> {
+        let mut z = vec![0.0; self.x.len()];
+        crate::push_sum::debias_into(&self.x, self.w, &mut z);
+        z
+    }
+}
+
 /// What a step did, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepReport {

@@ -44,12 +44,7 @@ impl PushSum {
     /// # Panics
     /// If `z.len() != self.len()` (a bug in the caller).
     pub fn debiased_into(&self, z: &mut [f32]) {
-        assert_eq!(z.len(), self.x.len(), "PushSum::debiased_into: length");
-        if self.w == 1.0 {
-            z.copy_from_slice(&self.x);
-            return;
-        }
-        divide(&self.x, self.w, z);
+        debias_into(&self.x, self.w, z);
     }
 
     /// `x / w` as a new vector.
@@ -105,6 +100,20 @@ impl PushSum {
         self.w += w;
         Ok(())
     }
+}
+
+/// `z = x / w` ([`PushSum::debiased_into`] of a numerator and weight held
+/// elsewhere, as in a checkpoint's state).
+///
+/// # Panics
+/// If `z.len() != x.len()` (a bug in the caller).
+pub fn debias_into(x: &[f32], w: f64, z: &mut [f32]) {
+    assert_eq!(z.len(), x.len(), "debias_into: length");
+    if w == 1.0 {
+        z.copy_from_slice(x);
+        return;
+    }
+    divide(x, w, z);
 }
 
 /// Elements [`divide`] takes a block at a time: one check per block.

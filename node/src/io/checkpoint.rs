@@ -144,11 +144,7 @@ impl Checkpoint {
     pub fn to_bytes(&self, layout: &[ParamSpec]) -> Result<Vec<u8>, String> {
         let s = &self.state;
         let n = s.x.len();
-        let z: Vec<f32> = if s.w == 1.0 {
-            s.x.clone()
-        } else {
-            s.x.iter().map(|&v| (v as f64 / s.w) as f32).collect()
-        };
+        let z = s.debiased();
         let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = layout
             .iter()
             .map(|p| (p.name.clone(), p.shape.clone(), le_bytes(&z[p.range()])))
