@@ -324,14 +324,6 @@ fn a_non_utf8_data_dir_is_a_clear_error_and_a_non_utf8_output_path_works() {
     assert!(params(&params_path).0 > 0);
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A node of a 2-node all-reduce run that would take minutes.
 fn spawn_node(dir: &Path, name: &str, listen: &str, bootstrap: Option<&str>) -> Child {
     let mut cmd = slowmo();
@@ -371,19 +363,42 @@ fn lines(path: &Path) -> usize {
 /// to exit, its folder and its log.
 fn stop_a_blocked_node(signals: usize) -> (Duration, tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
-    let addr = format!("/ip4/127.0.0.1/tcp/{}", free_port());
-    let mut a = spawn_node(dir.path(), "a", &addr, None);
+    let log = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
+    // a picks its own port and b dials the address a says it listens on:
+    // a port chosen here could be taken by another test's node before a
+    // binds it.
+    let mut a = spawn_node(dir.path(), "a", "/ip4/127.0.0.1/tcp/0", None);
+    let until = Instant::now() + Duration::from_secs(30);
+    let addr = loop {
+        let said = log("a.log").lines().find_map(|l| {
+            let (_, rest) = l.split_once("listening on ")?;
+            Some(rest.split_whitespace().next()?.to_string())
+        });
+        if let Some(addr) = said {
+            break addr;
+        }
+        if Instant::now() > until || a.try_wait().unwrap().is_some() {
+            let _ = a.kill();
+            panic!("a did not say where it listens: {}", log("a.log"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let mut b = spawn_node(dir.path(), "b", "/ip4/127.0.0.1/tcp/0", Some(&addr));
     let until = Instant::now() + Duration::from_secs(90);
     while lines(&dir.path().join("a.jsonl")) < 20 && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let log = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
-    assert!(
-        lines(&dir.path().join("a.jsonl")) >= 20,
-        "the run did not start: {}",
-        log("a.log")
-    );
+    if lines(&dir.path().join("a.jsonl")) < 20 {
+        for c in [&mut a, &mut b] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        panic!(
+            "the run did not start\n--- a.log\n{}\n--- b.log\n{}",
+            log("a.log"),
+            log("b.log")
+        );
+    }
     signal(&b, libc::SIGSTOP);
     // a is blocked in an exchange with b now: its steps stop.
     std::thread::sleep(Duration::from_millis(500));
