@@ -1,5 +1,5 @@
 //! Network errors carry their reason: a listen address in use names the OS
-//! error, and a bootstrap address nobody listens on is logged with the
+//! error (also where another node holds the port), and a bootstrap address nobody listens on is logged with the
 //! refused dial. (Its own test binary: it captures the process's logs.)
 
 use std::io::Write;
@@ -30,6 +30,55 @@ fn a_tcp_listen_address_in_use_gives_the_os_reason() {
         .to_string();
     assert!(err.contains(&addr), "{err}");
     assert!(err.to_lowercase().contains("in use"), "{err}");
+}
+
+/// libp2p's TCP listeners share a port with any other of the same user
+/// (`SO_REUSEPORT`): without a check, a second node on a taken port would
+/// start and receive half of the first one's connections.
+#[test]
+fn a_tcp_port_another_node_listens_on_is_refused_by_name() {
+    let first = P2pComm::bind(config().with_listen(["/ip4/127.0.0.1/tcp/0"])).unwrap();
+    let taken = first
+        .listen_addrs()
+        .into_iter()
+        .find(|a| a.contains("/tcp/"))
+        .expect("a TCP listen address");
+    let plain = taken.split("/p2p/").next().unwrap().to_string();
+    let port = plain.rsplit('/').next().unwrap().to_string();
+    match P2pComm::bind(config().with_listen([plain.clone()])) {
+        Err(slowmo_gossip::CommError::Network(text)) => {
+            assert!(text.contains(&plain), "{text}");
+            assert!(
+                text.contains(&format!("TCP port {port} is in use")),
+                "{text}"
+            );
+        }
+        Err(other) => panic!("expected the taken port named, got: {other}"),
+        Ok(second) => panic!(
+            "a second node listens on the taken {plain}: {:?}",
+            second.listen_addrs()
+        ),
+    }
+    // Once the first is gone, the port is free again (connections it left
+    // in TIME_WAIT do not hold it). Its runtime closes the listener after
+    // `drop` returns, soon.
+    drop(first);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match P2pComm::bind(config().with_listen([plain.clone()])) {
+            Ok(again) => break again,
+            Err(e) if std::time::Instant::now() < until => {
+                eprintln!("not yet free: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("the port of a node that is gone stays taken: {e}"),
+        }
+    };
+    assert!(
+        again.listen_addrs().iter().any(|a| a.starts_with(&plain)),
+        "{:?}",
+        again.listen_addrs()
+    );
 }
 
 #[test]

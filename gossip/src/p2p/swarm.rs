@@ -187,6 +187,7 @@ pub(crate) fn listening_swarm(
 ) -> Result<(Swarm<Behaviour>, Option<Metrics>), CommError> {
     let (mut swarm, metrics) = build_swarm(keypair, cfg)?;
     for addr in addrs {
+        refuse_a_taken_tcp_port(&addr)?;
         swarm.listen_on(addr.clone()).map_err(|e| {
             CommError::Network(format!(
                 "listen: cannot listen on `{addr}`: {}",
@@ -195,4 +196,42 @@ pub(crate) fn listening_swarm(
         })?;
     }
     Ok((swarm, metrics))
+}
+
+/// libp2p's TCP listeners set `SO_REUSEPORT` (so that dials can leave from
+/// the listening port), and two processes of one user whose listeners both
+/// set it share a port: a second node told to listen on a port the first
+/// already holds would start, and the kernel would hand each incoming
+/// connection to one of them at random. A plain bind to the port first,
+/// without `SO_REUSEPORT`, fails while anyone listens there: the second
+/// node stops with the address named instead. (A port taken between the
+/// probe and the listen is not seen; port 0 needs no probe.)
+fn refuse_a_taken_tcp_port(addr: &Multiaddr) -> Result<(), CommError> {
+    use libp2p::multiaddr::Protocol;
+    let mut parts = addr.iter();
+    let ip: std::net::IpAddr = match parts.next() {
+        Some(Protocol::Ip4(ip)) => ip.into(),
+        Some(Protocol::Ip6(ip)) => ip.into(),
+        _ => return Ok(()),
+    };
+    // Only a plain TCP listen address: a relayed one
+    // (`.../tcp/PORT/p2p/RELAY/p2p-circuit`) names the relay's port.
+    let port = match (parts.next(), parts.next()) {
+        (Some(Protocol::Tcp(port)), None) if port != 0 => port,
+        _ => return Ok(()),
+    };
+    match std::net::TcpListener::bind((ip, port)) {
+        Ok(probe) => {
+            drop(probe);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(CommError::Network(format!(
+            "listen: cannot listen on `{addr}`: TCP port {port} is in use ({e}): another node \
+             or program on this machine listens there; pick another port, or port 0 for any \
+             free one"
+        ))),
+        // Anything else (an address not on this machine, no permission) is
+        // libp2p's to report, with its own words.
+        Err(_) => Ok(()),
+    }
 }
