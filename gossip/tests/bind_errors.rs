@@ -81,6 +81,38 @@ fn a_tcp_port_another_node_listens_on_is_refused_by_name() {
     );
 }
 
+/// One port on IPv4 and IPv6 at once (libp2p's IPv6 listeners are
+/// IPv6-only): the probe of a taken port must not refuse the node's own
+/// pair, in either order.
+#[test]
+fn one_tcp_port_on_ipv4_and_ipv6_is_not_taken_by_the_node_itself() {
+    if std::net::TcpListener::bind("[::]:0").is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "no IPv6 on this CI machine"
+        );
+        eprintln!("skipped: no IPv6 on this machine");
+        return;
+    }
+    for v6_first in [false, true] {
+        let port = std::net::TcpListener::bind("0.0.0.0:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut pair = vec![
+            format!("/ip4/0.0.0.0/tcp/{port}"),
+            format!("/ip6/::/tcp/{port}"),
+        ];
+        if v6_first {
+            pair.reverse();
+        }
+        let node = P2pComm::bind(config().with_listen(pair.clone()))
+            .unwrap_or_else(|e| panic!("listening on {pair:?}: {e}"));
+        drop(node);
+    }
+}
+
 #[test]
 fn a_quic_listen_address_in_use_gives_the_os_reason() {
     let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -185,9 +185,13 @@ pub(crate) fn listening_swarm(
     cfg: &P2pConfig,
     addrs: Vec<Multiaddr>,
 ) -> Result<(Swarm<Behaviour>, Option<Metrics>), CommError> {
+    // Every address first: our own listeners, once up, would answer the
+    // probe of a later address that overlaps them.
+    for addr in &addrs {
+        refuse_a_taken_tcp_port(addr)?;
+    }
     let (mut swarm, metrics) = build_swarm(keypair, cfg)?;
     for addr in addrs {
-        refuse_a_taken_tcp_port(&addr)?;
         swarm.listen_on(addr.clone()).map_err(|e| {
             CommError::Network(format!(
                 "listen: cannot listen on `{addr}`: {}",
@@ -220,11 +224,8 @@ fn refuse_a_taken_tcp_port(addr: &Multiaddr) -> Result<(), CommError> {
         (Some(Protocol::Tcp(port)), None) if port != 0 => port,
         _ => return Ok(()),
     };
-    match std::net::TcpListener::bind((ip, port)) {
-        Ok(probe) => {
-            drop(probe);
-            Ok(())
-        }
+    match probe_bind(std::net::SocketAddr::new(ip, port)) {
+        Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(CommError::Network(format!(
             "listen: cannot listen on `{addr}`: TCP port {port} is in use ({e}): another node \
              or program on this machine listens there; pick another port, or port 0 for any \
@@ -234,4 +235,19 @@ fn refuse_a_taken_tcp_port(addr: &Multiaddr) -> Result<(), CommError> {
         // libp2p's to report, with its own words.
         Err(_) => Ok(()),
     }
+}
+
+/// Binds `addr` with the options of libp2p's TCP listeners but
+/// `SO_REUSEPORT` (`SO_REUSEADDR`, and IPv6 only on an IPv6 address, so
+/// that `[::]` does not collide with `0.0.0.0`), then closes the socket. A
+/// bind with `SO_REUSEADDR` fails exactly where a socket listens on the
+/// port; it accepts nothing itself.
+fn probe_bind(addr: std::net::SocketAddr) -> std::io::Result<()> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())
 }
