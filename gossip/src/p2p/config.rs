@@ -153,7 +153,7 @@ pub struct P2pConfig {
 /// How tensor bytes travel between members.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataLane {
-    /// The lane, every record sealed with AES-256-GCM (the default).
+    /// The lane, every record sealed with AEGIS-256X4 (the default).
     #[default]
     Encrypted,
     /// The lane without the cipher: the connections are still set up only

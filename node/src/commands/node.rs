@@ -85,7 +85,7 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = 60)]
     pub peer_timeout: u64,
     /// How tensors travel between nodes: encrypted (the default: a bulk-data lane
-    /// of TCP connections sealed with AES-256-GCM), plaintext (the same lane without
+    /// of TCP connections sealed with AEGIS-256X4), plaintext (the same lane without
     /// the cipher, still set up only between members; for a private network
     /// you trust) or libp2p (the control plane's own streams). Every node of
     /// a run must use the same.

@@ -28,7 +28,7 @@ use crate::p2p::wire::{DType, Kind, Reject};
 use crate::sync::lock;
 
 const MAGIC: &[u8; 8] = b"SLOWLANE";
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 /// Bytes of the dialer's hello: magic, version, mode, index, id, nonce, MAC.
 const HELLO: usize = 8 + 1 + 1 + 2 + SESSION_ID + 16 + 32;
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);

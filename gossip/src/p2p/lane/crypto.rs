@@ -3,12 +3,19 @@
 //! Both peers contribute fresh random key material through the control
 //! plane (libp2p, itself authenticated and encrypted); HKDF-SHA256 over both
 //! contributions, the session id and both peer ids gives a MAC key (for the
-//! connection set-up) and one AES-256-GCM key per direction. A record's
+//! connection set-up) and one AEGIS-256X4 key per direction. A record's
 //! nonce is the connection's index and a counter of the records sent on it,
 //! so no nonce repeats under a key and a record replayed, dropped or moved
 //! to another place fails to open.
+//!
+//! AEGIS-256X4 (the AEGIS family of the IETF's CFRG draft: a 256-bit key,
+//! a 256-bit nonce, here a 128-bit tag) runs four AEGIS-256 states side by
+//! side on the AES round instruction, with VAES where the CPU has it, and
+//! seals about three times as fast as AES-256-GCM on one core; the library
+//! chooses its code for the CPU at run time and has a portable one.
 
-use aws_lc_rs::{aead, hkdf, hmac};
+use aegis::aegis256x4::Aegis256X4;
+use aws_lc_rs::{hkdf, hmac};
 use libp2p::PeerId;
 
 /// Bytes of each side's key contribution and of the session id.
@@ -16,6 +23,11 @@ pub const CONTRIBUTION: usize = 32;
 pub const SESSION_ID: usize = 16;
 /// Bytes of an AEAD tag.
 pub const TAG: usize = 16;
+/// Bytes of an AEAD key and of a nonce.
+const KEY: usize = 32;
+const NONCE: usize = 32;
+
+type Aead = Aegis256X4<TAG>;
 
 struct Len(usize);
 
@@ -25,18 +37,32 @@ impl hkdf::KeyType for Len {
     }
 }
 
+/// One direction's AEAD key, wiped when dropped.
+struct Key([u8; KEY]);
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        for b in self.0.iter_mut() {
+            // SAFETY: a valid, aligned, exclusively borrowed byte.
+            unsafe { std::ptr::write_volatile(b, 0) };
+        }
+    }
+}
+
 /// The keys of one lane between us and one peer.
 pub(crate) struct LaneKeys {
     pub mac: hmac::Key,
     /// Seals what we send.
-    send: aead::LessSafeKey,
+    send: Key,
     /// Opens what the peer sends.
-    recv: aead::LessSafeKey,
+    recv: Key,
 }
 
 fn expand(prk: &hkdf::Prk, label: &[u8], peer: &PeerId, out: &mut [u8]) {
     let peer = peer.to_bytes();
-    let info = [b"slowmo lane 1 ".as_slice(), label, &peer];
+    // "3": the lane version whose records are sealed with AEGIS-256X4, so
+    // no key is shared with the AES-GCM lane of earlier versions.
+    let info = [b"slowmo lane 3 ".as_slice(), label, &peer];
     prk.expand(&info, Len(out.len()))
         .and_then(|okm| okm.fill(out))
         .expect("HKDF-SHA256 yields 32 bytes");
@@ -66,11 +92,9 @@ impl LaneKeys {
         let mut mac = [0u8; 32];
         expand(&prk, b"mac", lo.0, &mut mac);
         let key = |sender: &PeerId| {
-            let mut k = [0u8; 32];
-            expand(&prk, b"data from ", sender, &mut k);
-            let unbound = aead::UnboundKey::new(&aead::AES_256_GCM, &k)
-                .expect("AES-256-GCM takes a 32-byte key");
-            aead::LessSafeKey::new(unbound)
+            let mut k = Key([0u8; KEY]);
+            expand(&prk, b"data from ", sender, &mut k.0);
+            k
         };
         Self {
             mac: hmac::Key::new(hmac::HMAC_SHA256, &mac),
@@ -123,36 +147,29 @@ impl Nonces {
         Self { conn, next: 0 }
     }
 
-    fn next(&mut self) -> aead::Nonce {
-        let mut n = [0u8; aead::NONCE_LEN];
+    /// The cipher for the next record under `key`.
+    fn next(&mut self, key: &Key) -> Aead {
+        let mut n = [0u8; NONCE];
         n[2..4].copy_from_slice(&self.conn.to_be_bytes());
-        n[4..].copy_from_slice(&self.next.to_be_bytes());
+        n[4..12].copy_from_slice(&self.next.to_be_bytes());
         // 2^64 records of a connection are out of reach.
         self.next += 1;
-        aead::Nonce::assume_unique_for_key(n)
+        Aead::new(&key.0, &n)
     }
 }
 
 /// Seals the records one connection sends.
 pub(crate) struct Sealer<'k> {
-    key: &'k aead::LessSafeKey,
+    key: &'k Key,
     nonces: Nonces,
 }
 
 impl Sealer<'_> {
     /// Encrypts `data` in place and returns its tag.
     pub fn seal(&mut self, data: &mut [u8]) -> [u8; TAG] {
-        let tag = self
-            .key
-            .seal_in_place_separate_tag(self.nonces.next(), aead::Aad::empty(), data)
-            .expect("a record is far below AES-GCM's length limit");
-        let mut out = [0u8; TAG];
-        out.copy_from_slice(tag.as_ref());
-        out
+        self.nonces.next(self.key).encrypt_in_place(data, &[])
     }
-}
 
-impl Sealer<'_> {
     /// Encrypts `data` into the start of `out`, its tag after it, and
     /// returns their length: the seal and the copy into the record buffer
     /// in one pass. `out` only grows: a record buffer is sealed over, so it
@@ -163,25 +180,16 @@ impl Sealer<'_> {
             out.resize(sealed, 0);
         }
         let (body, rest) = out.split_at_mut(data.len());
-        let mut tag = [0u8; TAG];
-        self.key
-            .seal_out_of_place_scatter(
-                self.nonces.next(),
-                aead::Aad::empty(),
-                data,
-                body,
-                &[],
-                &mut tag,
-            )
-            .expect("the lengths match and a record is far below AES-GCM's limit");
-        rest[..TAG].copy_from_slice(&tag);
+        let mut enc = self.nonces.next(self.key).encryptor(&[]);
+        enc.update(data, body);
+        rest[..TAG].copy_from_slice(&enc.finalize());
         sealed
     }
 }
 
 /// Opens the records one connection receives.
 pub(crate) struct Opener<'k> {
-    key: &'k aead::LessSafeKey,
+    key: &'k Key,
     nonces: Nonces,
 }
 
@@ -189,19 +197,21 @@ impl Opener<'_> {
     /// Decrypts `data` in place; `false` if it is not the next record sealed
     /// by the peer on this connection.
     pub fn open(&mut self, data: &mut [u8], tag: [u8; TAG]) -> bool {
-        self.key
-            .open_in_place_separate_tag(self.nonces.next(), aead::Aad::empty(), &tag, data)
+        self.nonces
+            .next(self.key)
+            .decrypt_in_place(data, &tag, &[])
             .is_ok()
     }
 
     /// Decrypts `sealed` into `out` (of the same length); `false` as
     /// [`Opener::open`]. On `false` `out` holds bytes of no meaning.
     pub fn open_into(&mut self, sealed: &[u8], tag: [u8; TAG], out: &mut [u8]) -> bool {
-        out.len() == sealed.len()
-            && self
-                .key
-                .open_separate_gather(self.nonces.next(), aead::Aad::empty(), sealed, &tag, out)
-                .is_ok()
+        if out.len() != sealed.len() {
+            return false;
+        }
+        let cipher = self.nonces.next(self.key);
+        let mut dec = cipher.decryptor(&[], out);
+        dec.update(sealed).is_ok() && dec.finalize(&tag).is_ok()
     }
 }
 

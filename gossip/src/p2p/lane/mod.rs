@@ -1,5 +1,5 @@
 //! The bulk-data lane: tensor bytes between two members of a view over K
-//! plain TCP connections per direction, sealed with AES-256-GCM (or, by
+//! plain TCP connections per direction, sealed with AEGIS-256X4 (or, by
 //! explicit choice, sent in the clear), set up through the control plane.
 //!
 //! libp2p stays the control plane; it is authenticated and encrypted, and

@@ -21,7 +21,7 @@ use super::{Lanes, Session, conn};
 use crate::p2p::state::Shared;
 
 pub const LANE_PROTOCOL: &str = "/slowmo/lane/2";
-const OFFER_VERSION: u16 = 2;
+const OFFER_VERSION: u16 = 3;
 const MAX_MESSAGE: u32 = 4096;
 const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The refusal of an offer from the higher peer id of a pair: the lower one
