@@ -239,6 +239,58 @@ mod tests {
         )
     }
 
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_record_cipher_is_aegis_256x4_of_the_cfrg_draft() {
+        // Test vector 2 of AEGIS-256X4 in draft-irtf-cfrg-aegis-aead
+        // (128-bit tag): another cipher, variant or tag length fails it.
+        let key: [u8; KEY] =
+            hex("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
+                .try_into()
+                .unwrap();
+        let nonce: [u8; NONCE] =
+            hex("101112131415161718191a1b1c1d1e1f202122232425262728292a2b2c2d2e2f")
+                .try_into()
+                .unwrap();
+        let ad = hex("0102030401020304");
+        let msg = hex(&"04050607".repeat(30));
+        let ct = hex(concat!(
+            "bfc2085b7e8017da99b0b6d646ae4d01f4ba8f2e7dfca1d759ae48a135139b9a",
+            "aac6b4f5db810d426be1fdaff4e1454153a34b11da78ed7e418ee2ee9853042e",
+            "95536aecbb694cea1b16a478eb0d4d1bf6509b1ce652a45af58e0e46ffccfa2d",
+            "0426e702391d2ff5813808b81748a490dd656465fed61f09"
+        ));
+        let mut data = msg.clone();
+        let tag = Aead::new(&key, &nonce).encrypt_in_place(&mut data, &ad);
+        assert_eq!(data, ct);
+        assert_eq!(tag.to_vec(), hex("b63b611b13975e2f3dc3cb6c2397bfcd"));
+    }
+
+    #[test]
+    fn a_record_nonce_is_the_connection_then_the_record_counter() {
+        let (a, _) = pair();
+        let mut s = a.sealer(0x0102);
+        for _ in 0..2 {
+            s.seal(&mut b"earlier".to_vec());
+        }
+        let mut ours = b"third record".to_vec();
+        let tag = s.seal(&mut ours);
+        // Big-endian connection index in bytes 2..4, the record counter
+        // in 4..12, the rest zero.
+        let mut nonce = [0u8; NONCE];
+        nonce[2..4].copy_from_slice(&[1, 2]);
+        nonce[11] = 2;
+        let mut expected = b"third record".to_vec();
+        let want = Aead::new(&a.send.0, &nonce).encrypt_in_place(&mut expected, &[]);
+        assert_eq!((ours, tag), (expected, want));
+    }
+
     #[test]
     fn both_sides_derive_matching_keys() {
         let (a, b) = pair();
