@@ -19,8 +19,10 @@ use crate::compress::{CodecError, Compression, encoded_bytes};
 /// admission knock before membership hellos. 4: compressed push-sum shares
 /// ([`DType::Bf16`], [`DType::Int8`], [`DType::TopK`]). 5: top-k shares
 /// with block-relative `u16` indices and bfloat16 values. 6: [`Kind::Exchange`]
-/// blocks (the compressed average's reduce-scatter).
-pub const WIRE_VERSION: u16 = 6;
+/// blocks (the compressed average's reduce-scatter). 7: the data lane's
+/// records sealed with AEGIS-256X4 (lane version 3), so that nodes of the
+/// AES-GCM lane are refused at the join, not after their lanes fail.
+pub const WIRE_VERSION: u16 = 7;
 /// Push-sum shares.
 pub const PUSH_SUM_PROTOCOL: &str = "/slowmo/push-sum/1";
 /// Ring all-reduce chunks (also the barrier).
