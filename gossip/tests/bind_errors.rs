@@ -1,6 +1,7 @@
 //! Network errors carry their reason: a listen address in use names the OS
-//! error (also where another node holds the port), and a bootstrap address nobody listens on is logged with the
-//! refused dial. (Its own test binary: it captures the process's logs.)
+//! error (also where another node holds the port), and a bootstrap address
+//! nobody listens on is logged with the refused dial. (Its own test binary:
+//! it captures the process's logs.)
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

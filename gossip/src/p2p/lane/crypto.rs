@@ -50,7 +50,7 @@ impl Drop for Key {
 }
 
 /// The keys of one lane between us and one peer.
-pub(crate) struct LaneKeys {
+pub struct LaneKeys {
     pub mac: hmac::Key,
     /// Seals what we send.
     send: Key,
@@ -159,7 +159,7 @@ impl Nonces {
 }
 
 /// Seals the records one connection sends.
-pub(crate) struct Sealer<'k> {
+pub struct Sealer<'k> {
     key: &'k Key,
     nonces: Nonces,
 }
@@ -188,7 +188,7 @@ impl Sealer<'_> {
 }
 
 /// Opens the records one connection receives.
-pub(crate) struct Opener<'k> {
+pub struct Opener<'k> {
     key: &'k Key,
     nonces: Nonces,
 }

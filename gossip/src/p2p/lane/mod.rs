@@ -45,7 +45,9 @@
 pub(crate) mod alive;
 pub(crate) mod check;
 pub(crate) mod conn;
-pub(crate) mod crypto;
+// Public for the cipher's benchmark (`benches/lane_cipher.rs`) only.
+#[doc(hidden)]
+pub mod crypto;
 pub mod frame;
 mod offer;
 mod order;
