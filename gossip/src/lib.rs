@@ -248,6 +248,10 @@ pub struct CommStats {
     /// (the data lane), not read into a buffer of their own first.
     #[serde(default)]
     pub parts_landed: u64,
+    /// Of `bytes_sent`, those the data lane carried (the rest took libp2p
+    /// streams: a lane-less run, or peers whose lane could not be dialed).
+    #[serde(default)]
+    pub lane_bytes_sent: u64,
 }
 
 /// Push-sum mass a rank has sent and added so far: after a drain, the

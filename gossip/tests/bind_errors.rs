@@ -17,7 +17,57 @@ fn config() -> P2pConfig {
     };
     let mut cfg = P2pConfig::new(run, 2, 8).with_join_timeout(Duration::from_secs(4));
     cfg.worker_threads = 1;
+    // These tests are about the listeners: a lane on any free port, not on
+    // the listen port plus one, which another program may hold.
+    cfg.lane_port = Some(0);
     cfg
+}
+
+/// The data lane listens where a firewall rule can name it: on the given
+/// port, by default on the TCP listen port plus one; a port in use stops
+/// the node naming the port, where it came from and the flag to change it.
+#[test]
+fn the_lane_listens_on_its_port_and_a_taken_one_is_refused_by_name() {
+    let free_pair = || loop {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = a.local_addr().unwrap().port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    };
+    let port = free_pair();
+    let mut cfg = config().with_listen([format!("/ip4/127.0.0.1/tcp/{port}")]);
+    cfg.lane_port = None;
+    let node = P2pComm::bind(cfg.clone()).expect("both ports free");
+    assert_eq!(node.lane_port(), Some(port + 1));
+    drop(node);
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let lane = taken.local_addr().unwrap().port();
+    let mut given = config();
+    given.lane_port = Some(lane);
+    match P2pComm::bind(given) {
+        Err(slowmo_gossip::CommError::Network(text)) => {
+            assert!(text.contains(&format!("TCP port {lane}")), "{text}");
+            assert!(text.contains("configured lane port"), "{text}");
+            assert!(text.contains("--lane-port"), "{text}");
+        }
+        Err(other) => panic!("expected the lane port named, got: {other}"),
+        Ok(_) => panic!("a lane on a taken port"),
+    }
+
+    let port = free_pair();
+    let _next = std::net::TcpListener::bind(("127.0.0.1", port + 1)).unwrap();
+    let mut derived = config().with_listen([format!("/ip4/127.0.0.1/tcp/{port}")]);
+    derived.lane_port = None;
+    match P2pComm::bind(derived) {
+        Err(slowmo_gossip::CommError::Network(text)) => {
+            assert!(text.contains(&format!("TCP port {}", port + 1)), "{text}");
+            assert!(text.contains("TCP listen port plus one"), "{text}");
+        }
+        Err(other) => panic!("expected the lane port named, got: {other}"),
+        Ok(_) => panic!("a lane on a taken port"),
+    }
 }
 
 #[test]

@@ -39,7 +39,12 @@ fn spawn(dir: &Path, i: usize, port: u16, boot: Option<u16>, steps: u64, tag: &s
         .args(["--steps", &steps.to_string()])
         .args(["--run-id", "faults", "--threads", "1"])
         .args(["--peer-timeout", "5", "--join-timeout", "60"])
-        .args(["--listen", &format!("/ip4/127.0.0.1/tcp/{port}")])
+        .args([
+            "--listen",
+            &format!("/ip4/127.0.0.1/tcp/{port}"),
+            "--lane-port",
+            "0",
+        ])
         .arg("--identity")
         .arg(dir.join(format!("node{i}.key")))
         .arg("--summary-json")

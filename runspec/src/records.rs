@@ -98,6 +98,10 @@ pub struct NodeSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub params_sum: Option<f64>,
     pub bytes_sent: u64,
+    /// Of `bytes_sent`, those the data lane carried; the rest took libp2p
+    /// streams (`slowmo node` only).
+    #[serde(default)]
+    pub lane_bytes_sent: u64,
     pub bytes_received: u64,
     pub messages_dropped: u64,
     pub wall_seconds: f64,
@@ -194,6 +198,7 @@ impl NodeSummary {
             push_sum_weight: None,
             params_sum: None,
             bytes_sent: 0,
+            lane_bytes_sent: 0,
             bytes_received: 0,
             messages_dropped: 0,
             wall_seconds: 0.0,

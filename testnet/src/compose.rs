@@ -286,6 +286,9 @@ impl TestnetSpec {
             nodes: self.nodes(),
             run_id: None,
             listen: self.listen_addr(index),
+            // Each container has its own addresses: the default (the TCP
+            // listen port plus one) is free there.
+            lane_port: None,
             bootstrap: (0..self.nodes())
                 .filter(|&j| j != index)
                 .map(|j| self.listen_addr(j))

@@ -89,6 +89,10 @@ pub struct NodeLine {
     /// [default: the node's own]
     pub run_id: Option<String>,
     pub listen: String,
+    /// The data lane's port (`--lane-port`): `Some(0)` any free one, for
+    /// nodes that share a machine, where the TCP listen port plus one (a
+    /// node's default) may be another's; `None` the node's default.
+    pub lane_port: Option<u16>,
     pub bootstrap: Vec<String>,
     pub threads: usize,
     pub join_timeout: u64,
@@ -126,6 +130,9 @@ impl NodeLine {
             flag("--run-id", id.into());
         }
         flag("--listen", (&self.listen).into());
+        if let Some(port) = self.lane_port {
+            flag("--lane-port", port.to_string().into());
+        }
         flag("--threads", self.threads.to_string().into());
         flag("--join-timeout", self.join_timeout.to_string().into());
         flag("--peer-timeout", self.peer_timeout.to_string().into());

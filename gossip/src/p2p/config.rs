@@ -133,6 +133,15 @@ pub struct P2pConfig {
     /// Lane connections per direction and peer (see
     /// [`default_connections`]).
     pub lane_connections: usize,
+    /// The TCP port the data lane listens on: `Some(0)` any free port,
+    /// `None` the rule of [`P2pConfig::lane_port`] (the TCP listen port
+    /// plus one when a TCP listen port is given), so that a firewall can
+    /// name both ports.
+    pub lane_port: Option<u16>,
+    /// The settings text whose SHA-256 is `run.config_hash`, served to a
+    /// joiner that presents the run id and that hash (a join ticket;
+    /// [`crate::p2p::settings`]); empty: not served.
+    pub settings_text: String,
     /// The ranks a rank exchanges push-sum shares with in a view of the
     /// given size (the graph's neighbours, `Topology::neighbours`): lanes
     /// are set up to those (and to the all-reduce's ring neighbours) when a
@@ -262,6 +271,8 @@ impl P2pConfig {
             worker_threads: workers,
             data_lane: DataLane::default(),
             lane_connections: default_connections(),
+            lane_port: None,
+            settings_text: String::new(),
             lane_peers: None,
             metrics: None,
             admission: Admission::Open,
@@ -280,6 +291,21 @@ impl P2pConfig {
         let mut cfg = Self::new(run, 1, 1);
         cfg.listen = listen.to_vec();
         cfg
+    }
+
+    /// The data lane's TCP port: the configured one, else the first TCP
+    /// listen port (not 0) plus one, else 0 (any free port). Two ports
+    /// side by side are what a firewall rule names; the lane cannot share
+    /// the libp2p listener's port, whose connections libp2p accepts.
+    pub fn lane_port(&self) -> u16 {
+        if let Some(port) = self.lane_port {
+            return port;
+        }
+        self.listen
+            .iter()
+            .find_map(|a| tcp_port_of(a))
+            .filter(|p| *p != 0)
+            .map_or(0, |p| p.checked_add(1).unwrap_or(0))
     }
 
     /// Compresses push-sum shares with `codec` ([`crate::compress`]).
@@ -412,5 +438,62 @@ impl P2pConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// The port of a plain TCP address (`/ip4/A/tcp/P`, `/ip6/...`,
+/// `/dns/...`, with or without `/p2p/<id>`); `None` for QUIC, a relayed
+/// address or text that is not a multiaddr.
+pub fn tcp_port_of(addr: &str) -> Option<u16> {
+    use libp2p::multiaddr::Protocol;
+    let addr: libp2p::Multiaddr = addr.parse().ok()?;
+    let mut parts = addr.iter();
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (
+            Some(
+                Protocol::Ip4(_)
+                | Protocol::Ip6(_)
+                | Protocol::Dns(_)
+                | Protocol::Dns4(_)
+                | Protocol::Dns6(_),
+            ),
+            Some(Protocol::Tcp(port)),
+            None | Some(Protocol::P2p(_)),
+            None,
+        ) => Some(port),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod lane_port_tests {
+    use super::*;
+
+    fn cfg(listen: &[&str], lane: Option<u16>) -> P2pConfig {
+        let run = RunIdentity {
+            run_id: "r".into(),
+            config_hash: String::new(),
+            init_hash: String::new(),
+        };
+        let mut c = P2pConfig::new(run, 2, 1);
+        c.listen = listen.iter().map(|s| s.to_string()).collect();
+        c.lane_port = lane;
+        c
+    }
+
+    #[test]
+    fn the_lane_port_follows_the_tcp_listen_port_unless_given() {
+        let tcp = ["/ip4/0.0.0.0/udp/7000/quic-v1", "/ip4/0.0.0.0/tcp/7000"];
+        assert_eq!(cfg(&tcp, None).lane_port(), 7001);
+        assert_eq!(cfg(&tcp, Some(9000)).lane_port(), 9000);
+        assert_eq!(cfg(&tcp, Some(0)).lane_port(), 0);
+        // QUIC only, or an ephemeral TCP port: any free port.
+        assert_eq!(cfg(&["/ip4/0.0.0.0/udp/7000/quic-v1"], None).lane_port(), 0);
+        assert_eq!(cfg(&["/ip4/127.0.0.1/tcp/0"], None).lane_port(), 0);
+        // No port after 65535.
+        assert_eq!(cfg(&["/ip4/127.0.0.1/tcp/65535"], None).lane_port(), 0);
+        // A relayed address names the relay's port, not ours.
+        let relayed = "/ip4/1.2.3.4/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN/p2p-circuit";
+        assert_eq!(cfg(&[relayed], None).lane_port(), 0);
     }
 }

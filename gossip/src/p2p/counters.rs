@@ -22,12 +22,18 @@ pub(crate) struct Counters {
     messages_received: AtomicU64,
     messages_dropped: AtomicU64,
     parts_landed: AtomicU64,
+    lane_bytes_sent: AtomicU64,
 }
 
 impl Counters {
     pub fn sent(&self, bytes: u64) {
         self.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
         self.messages_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes sent over the data lane (also counted by [`Counters::sent`]).
+    pub fn sent_on_lane(&self, bytes: u64) {
+        self.lane_bytes_sent.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub fn received(&self, bytes: u64) {
@@ -52,6 +58,7 @@ impl Counters {
             messages_received: self.messages_received.load(Ordering::Relaxed),
             messages_dropped: self.messages_dropped.load(Ordering::Relaxed),
             parts_landed: self.parts_landed.load(Ordering::Relaxed),
+            lane_bytes_sent: self.lane_bytes_sent.load(Ordering::Relaxed),
         }
     }
 }

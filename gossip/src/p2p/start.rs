@@ -82,6 +82,7 @@ impl P2pComm {
             let mut control = swarm.behaviour().stream.new_control();
             inbound::spawn_acceptors(&shared, &mut control).map_err(CommError::Network)?;
             membership.spawn_acceptor(&mut control)?;
+            super::settings::spawn_acceptor(&shared, &mut control).map_err(CommError::Network)?;
             accept::spawn_acceptors(&shared, &board, &membership, &mut control)?;
             let lanes = Lanes::start(&shared, &mut control, listen.clone())
                 .await
@@ -161,6 +162,11 @@ impl PendingJoin {
     /// Addresses we listen on, each ending in `/p2p/<our id>`.
     pub fn listen_addrs(&self) -> Vec<String> {
         with_peer_suffix(&self.listen, &self.shared.local)
+    }
+
+    /// The TCP port of our data lane (`None` when tensors take libp2p).
+    pub fn lane_port(&self) -> Option<u16> {
+        self.lanes.as_ref().map(|l| l.port())
     }
 
     /// Waits (up to the join timeout) until the run's members are present

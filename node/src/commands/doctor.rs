@@ -34,6 +34,14 @@ pub struct DoctorArgs {
     /// would, and report its answer.
     #[arg(long)]
     pub upnp: bool,
+    /// The data lane port the node will be given (`slowmo node
+    /// --lane-port`) [default: the node's rule, the TCP listen port plus
+    /// one].
+    #[arg(long, value_name = "PORT")]
+    pub lane_port: Option<u16>,
+    /// The data lane port of --peer [default: its TCP port plus one].
+    #[arg(long, value_name = "PORT", requires = "peer")]
+    pub peer_lane_port: Option<u16>,
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
@@ -47,7 +55,79 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     })
     .context("checking the network")?;
     print!("{}", render(&report));
+    print!("{}", lane_check(&args));
     Ok(())
+}
+
+/// The data lane's ports: whether ours is free, and whether the peer's
+/// can be dialed from here (a TCP connection to it; a firewall that drops
+/// it leaves the peer's tensors on the slower libp2p connection).
+pub fn lane_check(args: &DoctorArgs) -> String {
+    use slowmo_gossip::p2p::tcp_port_of;
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    let mut out = String::new();
+    let tcp = args
+        .listen
+        .iter()
+        .find_map(|a| tcp_port_of(a))
+        .filter(|p| *p != 0);
+    let (ours, origin) = match (args.lane_port, tcp) {
+        (Some(p), _) => (p, "--lane-port".to_string()),
+        (None, Some(t)) => (
+            t.wrapping_add(1),
+            format!("the TCP listen port {t} plus one"),
+        ),
+        (None, None) => (0, String::new()),
+    };
+    if ours == 0 {
+        out.push_str(
+            "data lane        any free TCP port: no firewall rule can name it; listen on a TCP \
+             port (--listen /ip4/0.0.0.0/tcp/PORT) or give --lane-port\n",
+        );
+    } else {
+        match TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], ours))) {
+            Ok(_) => out.push_str(&format!(
+                "data lane        TCP port {ours} ({origin}): free; open it inbound to the run's \
+                 other machines{}\n",
+                tcp.map_or(String::new(), |t| format!(", beside TCP {t}"))
+            )),
+            Err(e) => out.push_str(&format!(
+                "data lane        TCP port {ours} ({origin}): NOT free ({e}); give the node \
+                 another --lane-port\n"
+            )),
+        }
+    }
+    if let Some(addr) = args.peer.as_deref() {
+        let parts: Vec<&str> = addr.split('/').collect();
+        let ip = parts
+            .windows(2)
+            .find(|w| w[0] == "ip4" || w[0] == "ip6")
+            .and_then(|w| w[1].parse::<std::net::IpAddr>().ok());
+        let port = args
+            .peer_lane_port
+            .or_else(|| tcp_port_of(addr).map(|p| p.wrapping_add(1)));
+        match (ip, port, addr.contains("p2p-circuit")) {
+            (_, _, true) => out.push_str(
+                "peer's lane      behind a relay: its tensors take the hole-punched connection\n",
+            ),
+            (Some(ip), Some(port), false) => {
+                let at = SocketAddr::new(ip, port);
+                match TcpStream::connect_timeout(&at, std::time::Duration::from_secs(3)) {
+                    Ok(_) => out.push_str(&format!("peer's lane      {at}: reachable\n")),
+                    Err(e) => out.push_str(&format!(
+                        "peer's lane      {at}: NOT reachable ({e}): open TCP {port} on the peer's \
+                         machine to this one; until then its tensors take the libp2p \
+                         connection, several times slower\n"
+                    )),
+                }
+            }
+            _ => out.push_str(
+                "peer's lane      unknown port: give --peer-lane-port (a QUIC address names no \
+                 TCP port)\n",
+            ),
+        }
+    }
+    out
 }
 
 /// The report and the advice, as text.

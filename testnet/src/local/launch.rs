@@ -134,6 +134,9 @@ impl Prepared {
             } else {
                 multiaddr(args.transport, 0)
             },
+            // The nodes share this machine: node 0's TCP port plus one may
+            // be another program's.
+            lane_port: Some(0),
             bootstrap: if i > 0 && i < args.nodes {
                 vec![self.bootstrap.clone()]
             } else {

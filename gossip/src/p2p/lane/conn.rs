@@ -132,7 +132,8 @@ pub(crate) async fn open(
             Err(e) if writers.is_empty() => {
                 // Not even one: the port cannot be dialed from here (a
                 // peer behind a NAT), and the others would fail alike.
-                tracing::warn!(peer = %session.peer, "no data lane connection to {} could be opened: {e}", session.peer);
+                // The link names the port to open, once per peer.
+                tracing::debug!(peer = %session.peer, "no data lane connection to {} could be opened: {e}", session.peer);
                 session.set_unreachable(e);
                 return;
             }
@@ -228,6 +229,7 @@ async fn write_loop(
             // bytes sent follow the link's real pace.
             let bytes = range.len() as u64;
             shared.counters.sent(bytes);
+            shared.counters.sent_on_lane(bytes);
             shared.observed.sent(&peer, bytes);
         }
         if let Some(p) = payload {

@@ -51,12 +51,13 @@ pub mod crypto;
 pub mod frame;
 mod offer;
 mod order;
+mod port;
 mod probe;
 mod reader;
 mod tune;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -67,12 +68,14 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 pub use super::config::{DataLane, MAX_CONNECTIONS, default_connections};
 use super::links::{Link, Outgoing, Payload};
+use super::reach::ip_of;
 use super::state::{ReduceMsg, Shared, View};
 use super::wire::{DType, Header, Kind};
 use crate::sync::lock;
 use crypto::{LaneKeys, SESSION_ID};
 use frame::{FrameHeader, FrameKind};
 pub(crate) use order::{ReduceOrder, ShareAssembly};
+use port::{bind_error, lane_ports, listen_ip};
 
 /// Smallest part a message is cut into (smaller messages go whole).
 const MIN_PART: usize = 256 << 10;
@@ -148,6 +151,9 @@ pub(crate) struct Lanes {
     control: libp2p_stream::Control,
     /// Offers of ours under way (one per peer and view).
     offering: Mutex<std::collections::HashSet<(PeerId, u64)>>,
+    /// Peers whose lane could not be dialed and whose tensors took libp2p:
+    /// warned about once, not in every view.
+    fallbacks: Mutex<std::collections::HashSet<PeerId>>,
 }
 
 /// Lane connections one node dials in one view, over all its peers: with
@@ -158,17 +164,6 @@ pub const LANE_CONNECTION_BUDGET: usize = 16;
 /// What the node does when a peer's process is found gone (the view
 /// protocol suspects it).
 pub(crate) type LossHook = Box<dyn Fn(&PeerId, &str) + Send + Sync>;
-
-use super::reach::ip_of;
-
-/// The IP our libp2p listeners use, for the lane's listener.
-fn listen_ip(addrs: &[String]) -> IpAddr {
-    addrs
-        .iter()
-        .filter_map(|a| a.parse::<Multiaddr>().ok())
-        .find_map(|a| ip_of(&a))
-        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
-}
 
 impl Lanes {
     /// Listens for lane connections and serves lane offers, unless the node
@@ -183,9 +178,10 @@ impl Lanes {
             return Ok(None);
         }
         let ip = listen_ip(&shared.cfg.listen);
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+        let wanted = shared.cfg.lane_port();
+        let listener = TcpListener::bind(SocketAddr::new(ip, wanted))
             .await
-            .map_err(|e| format!("data lane: cannot listen on {ip}: {e}"))?;
+            .map_err(|e| bind_error(ip, wanted, shared.cfg.lane_port.is_some(), &e))?;
         let port = listener
             .local_addr()
             .map_err(|e| format!("data lane: {e}"))?
@@ -204,11 +200,23 @@ impl Lanes {
             on_loss: std::sync::OnceLock::new(),
             control: control.clone(),
             offering: Mutex::new(Default::default()),
+            fallbacks: Mutex::new(Default::default()),
         });
         tokio::spawn(conn::accept_loop(shared.clone(), lanes.clone(), listener));
         offer::spawn_acceptor(shared, &lanes, control)?;
         tracing::debug!(port, %mode, "data lane listening");
         Ok(Some(lanes))
+    }
+
+    /// Records that `peer`'s tensors take libp2p because its lane cannot be
+    /// dialed; `true` the first time.
+    fn first_fallback(&self, peer: PeerId) -> bool {
+        lock(&self.fallbacks).insert(peer)
+    }
+
+    /// The TCP port the lane listens on.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
     }
 
     /// The lane connections (dialed and accepted) of view `view`, per peer.
@@ -660,7 +668,12 @@ async fn run_link(
             return;
         }
         if direct {
-            tracing::info!(%peer, "{peer}'s lane port cannot be dialed ({why}); its frames take the direct libp2p connection");
+            if lanes.first_fallback(peer) {
+                let ports = lane_ports(&session);
+                tracing::warn!(%peer, "the data lane to {peer} cannot be dialed ({why}): open {ports} for inbound connections from the run's machines on {peer}'s machine (its lane port, beside its libp2p listen port; see `slowmo doctor`); until then its tensors take the libp2p connection, several times slower than the lane");
+            } else {
+                tracing::debug!(%peer, "{peer}'s lane port cannot be dialed ({why}); its frames take the direct libp2p connection");
+            }
         } else {
             tracing::warn!(%peer, "{peer} is reachable only through a relay and its lane port cannot be dialed ({why}): its tensors go over the relay, as --relay-tensors allows; the relay's bandwidth paces them");
         }
