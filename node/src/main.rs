@@ -42,10 +42,21 @@ fn set_compute_threads(threads: usize) {
     }
 }
 
+/// The command line, with the training flags that mean nothing to a node
+/// hidden from `slowmo node --help` (it is given `--nodes`; `--workers`
+/// still works there, as in a shared config file).
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let command =
+        Cli::command().mut_subcommand("node", |node| node.mut_arg("workers", |a| a.hide(true)));
+    let matches = command.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> std::process::ExitCode {
     // before any thread exists: it changes a process-wide allocator setting
     slowmo_node::model::tune_malloc_for_training();
-    let cli = Cli::parse();
+    let cli = parse_cli();
     match &cli.command {
         Command::Simulate(_) => set_compute_threads(1),
         Command::Topology(_)

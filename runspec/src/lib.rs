@@ -16,6 +16,7 @@ mod options;
 mod records;
 mod resolve;
 mod table;
+pub mod ticket;
 
 pub use args::ConfigArgs;
 pub use compression::{Compression, CompressionError};
@@ -31,3 +32,4 @@ pub use resolve::{
     MAX_BATCH_SIZE, MAX_STALENESS, RunConfig, SettingChange, flat_settings, resume_differences,
 };
 pub use table::{ResultRow, human_bytes, results_table};
+pub use ticket::{JoinTicket, TicketError};

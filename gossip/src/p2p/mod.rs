@@ -13,7 +13,9 @@
 //!   and the blocks of the typed collectives ([`gather`]);
 //! - `lane/2`: offers of the data lane ([`lane`]), one per view, which then carries the
 //!   frames of `push-sum/1` and `all-reduce/1` over its own TCP connections
-//!   (unless [`DataLane::Libp2p`]).
+//!   (unless [`DataLane::Libp2p`]);
+//! - `settings/1`: the run's settings for a joiner holding a join ticket
+//!   ([`settings`]).
 //!
 //! Tensor frames are a CBOR header and a raw little-endian payload
 //! ([`wire`]); every inbound frame is checked ([`inbound`]).
@@ -58,6 +60,7 @@ mod payload;
 pub mod reach;
 mod relay;
 mod run_id;
+pub mod settings;
 mod start;
 mod state;
 mod swarm;
@@ -73,7 +76,7 @@ pub use admission::{
 };
 pub use comm::P2pComm;
 pub use config::{
-    DEFAULT_ROUND_WINDOW, DataLane, LanePeers, MetricsRegistry, P2pConfig, RunIdentity,
+    DEFAULT_ROUND_WINDOW, DataLane, LanePeers, MetricsRegistry, P2pConfig, RunIdentity, tcp_port_of,
 };
 pub use counters::{PeerTraffic, reason_name};
 pub use observe::P2pObserver;

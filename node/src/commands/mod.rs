@@ -5,6 +5,7 @@ pub mod bench_allreduce;
 pub mod bench_sim;
 pub mod bench_step;
 pub mod doctor;
+pub mod join;
 pub mod node;
 pub mod relay;
 pub mod run;

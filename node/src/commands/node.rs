@@ -12,6 +12,7 @@ use slowmo_gossip::p2p::{LanePeers, P2pComm, P2pConfig, RunIdentity};
 use slowmo_gossip::{CommStats, Communicator};
 use slowmo_runspec::NodeSummary;
 
+use crate::commands::join::{RunPlan, announce, ticket_of};
 use crate::config::{ConfigArgs, RunConfig};
 use crate::data;
 use crate::engine::setup::Workload;
@@ -29,92 +30,117 @@ use crate::model::ParamSpec;
 /// Arguments of `slowmo node`.
 #[derive(Debug, clap::Args)]
 pub struct NodeArgs {
-    #[command(flatten)]
+    #[command(
+        flatten,
+        next_help_heading = "Training (the same on every node; --join brings them)"
+    )]
     pub config: ConfigArgs,
-    /// Number of nodes of the run; the run starts when all are present
-    /// (same as --workers).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    /// Number of nodes of the run: it starts when all are present.
+    #[arg(long, help_heading = "Run", value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize), conflicts_with = "join")]
     pub nodes: Option<usize>,
-    /// Name of the run (at most 256 bytes); peers with another run id are refused.
-    #[arg(long, default_value = "slowmo", value_parser = crate::commands::run::parse_run_id)]
-    pub run_id: String,
-    /// Multiaddr to listen on (repeatable), e.g. /ip4/0.0.0.0/udp/4001/quic-v1 or /ip4/0.0.0.0/tcp/4001.
-    #[arg(long, default_values_t = vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_string(), "/ip4/127.0.0.1/tcp/0".to_string()])]
+    /// Name of the run (at most 256 bytes); peers with another run id are
+    /// refused [default: slowmo].
+    #[arg(long, help_heading = "Run", value_parser = crate::commands::run::parse_run_id, conflicts_with = "join")]
+    pub run_id: Option<String>,
+    /// Join the run a join ticket describes (the `slowmo1...` string a
+    /// node of the run prints): the run id, the peers to reach, and the
+    /// settings, fetched from that peer and checked against the ticket's
+    /// hash. Only --data-dir among the training flags may be given with it.
+    #[arg(long, help_heading = "Run", value_name = "TICKET", conflicts_with_all = ["config", "bootstrap", "data_lane"])]
+    pub join: Option<String>,
+    /// Multiaddr to listen on (repeatable), e.g. /ip4/0.0.0.0/tcp/4001 or
+    /// /ip4/0.0.0.0/udp/4001/quic-v1 [default: this machine only
+    /// (127.0.0.1), QUIC and TCP on ports the system picks].
+    #[arg(long, help_heading = "Network", default_values_t = vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_string(), "/ip4/127.0.0.1/tcp/0".to_string()], hide_default_value = true)]
     pub listen: Vec<String>,
+    /// TCP port of the data lane, the connections that carry tensors;
+    /// open it to the run's other machines beside the listen port
+    /// [default: the TCP listen port plus one; any free port when no TCP
+    /// port is given].
+    #[arg(long, help_heading = "Network", value_name = "PORT")]
+    pub lane_port: Option<u16>,
     /// Multiaddr of a peer to join through (repeatable).
-    #[arg(long)]
+    #[arg(long, help_heading = "Network")]
     pub bootstrap: Vec<String>,
-    /// Key file of this node's identity, created on first run.
-    #[arg(long)]
+    /// Key file of this node's identity, created on first run [default: a
+    /// new identity each run].
+    #[arg(long, help_heading = "Network")]
     pub identity: Option<PathBuf>,
     /// Discover peers on the local network with mDNS.
-    #[arg(long)]
+    #[arg(long, help_heading = "Network")]
     pub mdns: bool,
     /// Also serve as a relay for nodes behind NATs (they take a reservation
     /// here, and their hole punches start from connections relayed here).
     /// The node must be reachable at its listen addresses (or at
     /// --external-address).
-    #[arg(long)]
+    #[arg(long, help_heading = "Network")]
     pub relay: bool,
     /// An address this node is reachable at besides its listen addresses
     /// (repeatable): a public IP the machine does not see, a forwarded port.
-    #[arg(long)]
+    #[arg(long, help_heading = "Network")]
     pub external_address: Vec<String>,
     /// Send tensors over a relay to a peer that no direct connection
     /// reaches (its hole punch failed), instead of going on without it. A
     /// relay's bandwidth is shared and every step's tensors cross it twice;
     /// the relay must allow it (`slowmo relay --carry-tensors`, or
     /// --relay with this flag).
-    #[arg(long)]
+    #[arg(long, help_heading = "Network")]
     pub relay_tensors: bool,
     /// Ask the router for port mappings of the listen ports by UPnP (where
     /// it allows it): a mapped port makes this node reachable from outside
     /// without a relay. The log says what the router answered.
-    #[arg(long)]
+    #[arg(long, help_heading = "Network")]
     pub upnp: bool,
     /// Seconds to wait for all nodes to join (and, below --min-nodes, for
     /// joiners).
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, help_heading = "Network", default_value_t = 120)]
     pub join_timeout: u64,
     /// Fewest members to train with: when lost peers leave fewer, the run
     /// pauses at its barrier until nodes join (up to --join-timeout), then
     /// stops with an error.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, help_heading = "Network", default_value_t = 1)]
     pub min_nodes: usize,
     /// Seconds a peer may stay silent during an exchange.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, help_heading = "Network", default_value_t = 60)]
     pub peer_timeout: u64,
-    /// How tensors travel between nodes: encrypted (the default: a bulk-data lane
-    /// of TCP connections sealed with AEGIS-256X4), plaintext (the same lane without
-    /// the cipher, still set up only between members; for a private network
-    /// you trust) or libp2p (the control plane's own streams). Every node of
-    /// a run must use the same.
-    #[arg(long, default_value = "encrypted")]
-    pub data_lane: slowmo_gossip::p2p::DataLane,
-    /// Data-lane connections per direction and peer [default: one per core, 2 to 8].
-    #[arg(long)]
+    /// How tensors travel between nodes: encrypted (a bulk-data lane of TCP
+    /// connections sealed with AEGIS-256X4), plaintext (the same lane
+    /// without the cipher, still set up only between members; for a private
+    /// network you trust) or libp2p (the control plane's own streams).
+    /// Every node of a run must use the same; a join ticket carries it
+    /// [default: encrypted].
+    #[arg(long, help_heading = "Network")]
+    pub data_lane: Option<slowmo_gossip::p2p::DataLane>,
+    /// Data-lane connections per direction and peer [default: one per core,
+    /// 2 to 8].
+    #[arg(long, help_heading = "Network")]
     pub lane_connections: Option<usize>,
     /// Compute device: cpu or cuda:N.
-    #[arg(long, default_value = "cpu")]
+    #[arg(long, help_heading = "Compute", default_value = "cpu")]
     pub device: String,
-    /// Compute threads, also the most network runtime threads (at most 4) [default: 1 when several nodes share a machine is up to you; all cores otherwise].
-    #[arg(long)]
+    /// Compute threads; the network runtime takes as many, at most 4
+    /// [default: every core the process may use; give 1 to each of several
+    /// nodes that share a machine].
+    #[arg(long, help_heading = "Compute")]
     pub threads: Option<usize>,
     /// Write per-step metrics as JSON lines.
-    #[arg(long)]
+    #[arg(long, help_heading = "Outputs")]
     pub metrics_jsonl: Option<PathBuf>,
     /// Write the final summary as JSON.
-    #[arg(long)]
+    #[arg(long, help_heading = "Outputs")]
     pub summary_json: Option<PathBuf>,
     /// Write the final averaged parameters as safetensors.
-    #[arg(long)]
+    #[arg(long, help_heading = "Outputs")]
     pub save_params: Option<PathBuf>,
+    /// Write the join ticket to FILE as well as printing it (for scripts).
+    #[arg(long, help_heading = "Outputs", value_name = "FILE")]
+    pub ticket_file: Option<PathBuf>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, help_heading = "Outputs", value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Checkpoints")]
     pub checkpoints: CheckpointArgs,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Admission")]
     pub admission: crate::commands::run::AdmissionArgs,
     /// Hold before these base steps until a harness opens the gate (the
     /// local testnet's exact step faults; see --gate-dir).
@@ -224,15 +250,20 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
 /// (`None`). Every node of a run must train the same workload: the run
 /// refuses a node whose initial parameters differ.
 pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()> {
-    let mut options = args.config.options()?;
-    if let Some(n) = args.nodes {
-        options.workers = Some(n);
+    // The outputs' paths before the ticket's peer is asked for anything.
+    OutputPaths {
+        summary_json: args.summary_json.clone(),
+        metrics_jsonl: args.metrics_jsonl.clone(),
+        save_params: args.save_params.clone(),
+        checkpoint_dir: args.checkpoints.checkpoint_dir.clone(),
     }
-    let config = options.resolve()?;
+    .check()?;
+    let plan = RunPlan::from_args(&args)?;
+    let config = plan.config.clone();
     if let Some(note) = config.peers_clamped() {
         tracing::warn!("{note}");
     }
-    let admission = args.admission.policy()?;
+    let admission = plan.admission.policy()?;
     let device = parse_device(&args.device)?;
     // Every output is checked before the node loads anything or joins anyone.
     let mut outputs = NodeOutputs::open(OutputPaths {
@@ -250,13 +281,13 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
     outputs.prepare_saver(model.layout());
     let x0 = crate::model::initial_params(&*model, config.seed)?;
     let run = RunIdentity {
-        run_id: args.run_id.clone(),
+        run_id: plan.run_id.clone(),
         config_hash: config.hash(),
         init_hash: params_hash(&x0),
     };
     let mut p2p = P2pConfig::new(run, config.workers, x0.len());
     p2p.listen = args.listen.clone();
-    p2p.bootstrap = args.bootstrap.clone();
+    p2p.bootstrap = plan.bootstrap.clone();
     p2p.identity_file = args.identity.clone();
     p2p.mdns = args.mdns;
     p2p.relay = args.relay;
@@ -266,7 +297,8 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
     p2p.join_timeout = Duration::from_secs(args.join_timeout);
     p2p.min_nodes = args.min_nodes;
     p2p.peer_timeout = Duration::from_secs(args.peer_timeout);
-    p2p.data_lane = args.data_lane;
+    p2p.data_lane = plan.data_lane;
+    p2p.lane_port = args.lane_port;
     p2p.compress = config.compress;
     // Lanes to the graph's neighbours in each view (and the ring's), not to
     // every member: a node's connections stay bounded as runs grow.
@@ -293,6 +325,7 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
     p2p.metrics = endpoint.as_ref().map(|e| e.registry());
     p2p.admission = admission;
     p2p.settings = crate::commands::run::config_settings(&config);
+    p2p.settings_text = config.settings();
 
     let joining_summary = match outputs.summary_path() {
         Some(path) => {
@@ -312,8 +345,19 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
         None => None,
     };
 
-    tracing::info!(nodes = config.workers, "joining the run");
-    let mut comm = match P2pComm::start(p2p) {
+    let joined = P2pComm::bind(p2p).and_then(|pending| {
+        match ticket_of(&pending, &plan, &args.external_address) {
+            Ok(ticket) => {
+                if let Err(e) = announce(&pending, &ticket, &args) {
+                    tracing::warn!("{e:#}");
+                }
+            }
+            Err(e) => tracing::warn!("no join ticket: {e:#}"),
+        }
+        tracing::info!(nodes = config.workers, "joining the run");
+        pending.join()
+    });
+    let mut comm = match joined {
         Ok(c) => c,
         Err(e) => {
             let e = anyhow::Error::new(e).context("joining the run");
@@ -340,7 +384,7 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
     let identity = Identity {
         config_hash: config.hash(),
         settings: config.settings(),
-        run_id: args.run_id.clone(),
+        run_id: plan.run_id.clone(),
         rank,
         world_size: config.workers,
         view: 0,
@@ -512,6 +556,7 @@ fn summarize(
     s.error = result.as_ref().err().map(|u| u.error.to_string());
     s.steps = steps;
     s.bytes_sent = stats.bytes_sent;
+    s.lane_bytes_sent = stats.lane_bytes_sent;
     s.bytes_received = stats.bytes_received;
     s.messages_dropped = stats.messages_dropped;
     s.wall_seconds = wall;

@@ -62,7 +62,7 @@ pub struct AdmissionArgs {
     pub allow: Option<PathBuf>,
     /// This node's invitation (`slowmo run invite`); only peers invited by
     /// the same run key are admitted.
-    #[arg(long, value_name = "FILE", requires = "run_key_public")]
+    #[arg(long, value_name = "FILE")]
     pub invitation: Option<PathBuf>,
     /// The run's public key for --invitation: `ed25519:<hex>` as `slowmo run
     /// init` prints it, or a file holding it.
@@ -90,7 +90,10 @@ impl AdmissionArgs {
                 })
             }
             (None, None) => Ok(Admission::Open),
-            _ => bail!("--invitation and --run-key-public go together"),
+            _ => bail!(
+                "--invitation and --run-key-public go together (a --join ticket of a run with \
+                 invitations carries the public key)"
+            ),
         }
     }
 }
