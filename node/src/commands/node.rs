@@ -251,13 +251,13 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
 /// refuses a node whose initial parameters differ.
 pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()> {
     // The outputs' paths before the ticket's peer is asked for anything.
-    OutputPaths {
+    let paths = OutputPaths {
         summary_json: args.summary_json.clone(),
         metrics_jsonl: args.metrics_jsonl.clone(),
         save_params: args.save_params.clone(),
         checkpoint_dir: args.checkpoints.checkpoint_dir.clone(),
-    }
-    .check()?;
+    };
+    paths.check()?;
     let plan = RunPlan::from_args(&args)?;
     let config = plan.config.clone();
     if let Some(note) = config.peers_clamped() {
@@ -266,12 +266,7 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
     let admission = plan.admission.policy()?;
     let device = parse_device(&args.device)?;
     // Every output is checked before the node loads anything or joins anyone.
-    let mut outputs = NodeOutputs::open(OutputPaths {
-        summary_json: args.summary_json.clone(),
-        metrics_jsonl: args.metrics_jsonl.clone(),
-        save_params: args.save_params.clone(),
-        checkpoint_dir: args.checkpoints.checkpoint_dir.clone(),
-    })?;
+    let mut outputs = NodeOutputs::open(paths)?;
     let workload = match workload {
         Some(w) => w,
         None => Workload::from_config(&config)?,
