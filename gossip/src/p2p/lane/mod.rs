@@ -669,7 +669,7 @@ async fn run_link(
         }
         if direct {
             if lanes.first_fallback(peer) {
-                let ports = lane_ports(&session);
+                let ports = lane_ports(&lock(&session.peer_addrs));
                 tracing::warn!(%peer, "the data lane to {peer} cannot be dialed ({why}): open {ports} for inbound connections from the run's machines on {peer}'s machine (its lane port, beside its libp2p listen port; see `slowmo doctor`); until then its tensors take the libp2p connection, several times slower than the lane");
             } else {
                 tracing::debug!(%peer, "{peer}'s lane port cannot be dialed ({why}); its frames take the direct libp2p connection");

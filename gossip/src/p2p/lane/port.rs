@@ -6,8 +6,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use libp2p::Multiaddr;
 
 use super::super::reach::ip_of;
-use super::Session;
-use crate::sync::lock;
 
 /// The IP our libp2p listeners use, for the lane's listener.
 pub(super) fn listen_ip(addrs: &[String]) -> IpAddr {
@@ -38,8 +36,8 @@ pub(super) fn bind_error(ip: IpAddr, port: u16, given: bool, e: &std::io::Error)
 
 /// The TCP port(s) of a peer's lane addresses, for the warning that names
 /// what to open.
-pub(super) fn lane_ports(session: &Session) -> String {
-    let mut ports: Vec<u16> = lock(&session.peer_addrs)
+pub(super) fn lane_ports(addrs: &[String]) -> String {
+    let mut ports: Vec<u16> = addrs
         .iter()
         .filter_map(|a| a.parse::<SocketAddr>().ok())
         .map(|a| a.port())
