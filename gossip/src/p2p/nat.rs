@@ -70,7 +70,7 @@ pub(crate) struct NatSetup {
 pub(crate) fn namespace_of(run_id: &str) -> rendezvous::Namespace {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(run_id.as_bytes());
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(&digest[..16]);
     rendezvous::Namespace::new(format!("slowmo/{hex}")).expect("39 bytes is a short namespace")
 }
 

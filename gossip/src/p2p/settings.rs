@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
-use libp2p::{PeerId, Stream, StreamProtocol};
+use libp2p::{Multiaddr, PeerId, Stream, StreamProtocol};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
@@ -78,11 +78,7 @@ pub enum SettingsError {
 
 /// The SHA-256 of a settings text, hex: what a config hash is.
 pub fn settings_hash(text: &str) -> String {
-    hex_lower(&Sha256::digest(text.as_bytes()))
-}
-
-fn hex_lower(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(Sha256::digest(text.as_bytes()))
 }
 
 /// Serves the run's settings for the life of the node (when the
@@ -181,11 +177,12 @@ pub fn fetch_settings(
 ) -> Result<String, SettingsError> {
     let addrs = parse_addrs("ticket address", bootstrap)
         .map_err(|e| SettingsError::Network(e.to_string()))?;
-    let mut peers = Vec::new();
+    let mut peers: Vec<(PeerId, Vec<Multiaddr>)> = Vec::new();
     for (a, text) in addrs.iter().zip(bootstrap) {
         let peer = super::addrs::peer_in(a).ok_or_else(|| SettingsError::Address(text.clone()))?;
-        if !peers.contains(&peer) {
-            peers.push(peer);
+        match peers.iter_mut().find(|(p, _)| *p == peer) {
+            Some((_, known)) => known.push(a.clone()),
+            None => peers.push((peer, vec![a.clone()])),
         }
     }
     let keypair =
@@ -216,66 +213,114 @@ pub fn fetch_settings(
                 namespace: None,
             },
         ));
-        let got = ask_peers(control, events_rx, &peers, run_id, config_hash, wait).await;
+        let mut asking = Asking {
+            control,
+            events: events_rx,
+            swarm: &swarm_tx,
+            peers,
+        };
+        let got = asking.settings(run_id, config_hash, wait).await;
         let _ = swarm_tx.send(SwarmCmd::Shutdown);
-        got
+        got.ok_or_else(|| SettingsError::Unreachable {
+            waited: wait,
+            tried: bootstrap.join(", "),
+        })?
     });
     rt.shutdown_timeout(Duration::from_millis(200));
-    result.map_err(|e| match e {
-        SettingsError::Unreachable { waited, .. } => SettingsError::Unreachable {
-            waited,
-            tried: bootstrap.join(", "),
-        },
-        e => e,
-    })
+    result
 }
 
-/// Waits for a connection to one of `peers` and asks it; a refusal or a
-/// hash that does not match is final (the ticket is wrong), a peer that
-/// cannot be reached is not.
-async fn ask_peers(
-    mut control: libp2p_stream::Control,
-    mut events: mpsc::UnboundedReceiver<NetEvent>,
-    peers: &[PeerId],
-    run_id: &str,
-    config_hash: &str,
-    wait: Duration,
-) -> Result<String, SettingsError> {
-    let until = Instant::now() + wait;
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        let event = match tokio::time::timeout(left, events.recv()).await {
-            Ok(Some(e)) => e,
-            Ok(None) | Err(_) => {
-                return Err(SettingsError::Unreachable {
-                    waited: wait,
-                    tried: String::new(),
+/// The ticket's peers and how to reach them, while a joiner asks.
+struct Asking<'a> {
+    control: libp2p_stream::Control,
+    events: mpsc::UnboundedReceiver<NetEvent>,
+    swarm: &'a mpsc::UnboundedSender<SwarmCmd>,
+    /// Each peer of the ticket with its addresses.
+    peers: Vec<(PeerId, Vec<Multiaddr>)>,
+}
+
+/// How long a joiner waits before it asks again after a request that
+/// broke (a connection closed under it, a stream refused).
+const RETRY_AFTER: Duration = Duration::from_millis(250);
+
+impl Asking<'_> {
+    /// Asks a connected peer of the ticket until one answers; a refusal
+    /// or a hash that does not match is final (the ticket is wrong), a
+    /// request that broke is asked again, re-dialing a peer whose
+    /// connection closed. `None`: no peer answered within `wait`.
+    async fn settings(
+        &mut self,
+        run_id: &str,
+        config_hash: &str,
+        wait: Duration,
+    ) -> Option<Result<String, SettingsError>> {
+        let until = Instant::now() + wait;
+        let mut connected: Vec<PeerId> = Vec::new();
+        let mut next_ask = Instant::now();
+        loop {
+            let ready = self
+                .peers
+                .iter()
+                .map(|(p, _)| *p)
+                .find(|p| connected.contains(p));
+            if let Some(peer) = ready.filter(|_| Instant::now() >= next_ask) {
+                let asked = tokio::time::timeout(
+                    EXCHANGE_TIMEOUT,
+                    ask(&mut self.control, peer, run_id, config_hash),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SettingsError::Protocol {
+                        peer: peer.to_string(),
+                        why: format!("no answer within {EXCHANGE_TIMEOUT:?}"),
+                    })
                 });
+                match asked {
+                    Ok(text) => return Some(Ok(text)),
+                    Err(
+                        e @ (SettingsError::Refused { .. } | SettingsError::HashMismatch { .. }),
+                    ) => {
+                        return Some(Err(e));
+                    }
+                    Err(e) => {
+                        tracing::debug!(%peer, "{e}; asking again");
+                        next_ask = Instant::now() + RETRY_AFTER;
+                        self.dial(peer);
+                    }
+                }
+                continue;
             }
-        };
-        let NetEvent::Connected { peer, .. } = event else {
-            continue;
-        };
-        if !peers.contains(&peer) {
-            continue;
+            let now = Instant::now();
+            if now >= until {
+                return None;
+            }
+            let wake = if ready.is_some() {
+                next_ask.min(until)
+            } else {
+                until
+            };
+            match tokio::time::timeout(wake.saturating_duration_since(now), self.events.recv())
+                .await
+            {
+                Ok(Some(NetEvent::Connected { peer, .. })) => connected.push(peer),
+                Ok(Some(NetEvent::Disconnected { peer })) => {
+                    connected.retain(|p| *p != peer);
+                    self.dial(peer);
+                }
+                Ok(Some(_)) | Err(_) => {}
+                Ok(None) => return None,
+            }
         }
-        let asked = tokio::time::timeout(
-            EXCHANGE_TIMEOUT,
-            ask(&mut control, peer, run_id, config_hash),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(SettingsError::Protocol {
-                peer: peer.to_string(),
-                why: format!("no answer within {EXCHANGE_TIMEOUT:?}"),
-            })
-        });
-        match asked {
-            Ok(text) => return Ok(text),
-            Err(e @ (SettingsError::Refused { .. } | SettingsError::HashMismatch { .. })) => {
-                return Err(e);
-            }
-            Err(e) => tracing::warn!(%peer, "{e}"),
+    }
+
+    /// Dials `peer` again if it is one of the ticket's (the swarm ignores
+    /// the request while a connection to it is open).
+    fn dial(&self, peer: PeerId) {
+        if let Some((_, addrs)) = self.peers.iter().find(|(p, _)| *p == peer) {
+            let _ = self.swarm.send(SwarmCmd::Dial {
+                peer,
+                addrs: addrs.clone(),
+            });
         }
     }
 }
