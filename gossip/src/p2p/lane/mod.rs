@@ -75,7 +75,7 @@ use crate::sync::lock;
 use crypto::{LaneKeys, SESSION_ID};
 use frame::{FrameHeader, FrameKind};
 pub(crate) use order::{ReduceOrder, ShareAssembly};
-use port::{bind_error, lane_ports, listen_ip};
+use port::{bind_error, listen_ip, log_fallback};
 
 /// Smallest part a message is cut into (smaller messages go whole).
 const MIN_PART: usize = 256 << 10;
@@ -668,12 +668,8 @@ async fn run_link(
             return;
         }
         if direct {
-            if lanes.first_fallback(peer) {
-                let ports = lane_ports(&lock(&session.peer_addrs));
-                tracing::warn!(%peer, "the data lane to {peer} cannot be dialed ({why}): open {ports} for inbound connections from the run's machines on {peer}'s machine (its lane port, beside its libp2p listen port; see `slowmo doctor`); until then its tensors take the libp2p connection, several times slower than the lane");
-            } else {
-                tracing::debug!(%peer, "{peer}'s lane port cannot be dialed ({why}); its frames take the direct libp2p connection");
-            }
+            let first = lanes.first_fallback(peer);
+            log_fallback(&peer, &why, &lock(&session.peer_addrs), first);
         } else {
             tracing::warn!(%peer, "{peer} is reachable only through a relay and its lane port cannot be dialed ({why}): its tensors go over the relay, as --relay-tensors allows; the relay's bandwidth paces them");
         }

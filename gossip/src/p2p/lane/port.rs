@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use libp2p::Multiaddr;
+use libp2p::{Multiaddr, PeerId};
 
 use super::super::reach::ip_of;
 
@@ -35,8 +35,8 @@ pub(super) fn bind_error(ip: IpAddr, port: u16, given: bool, e: &std::io::Error)
 }
 
 /// The TCP port(s) of a peer's lane addresses, for the warning that names
-/// what to open.
-pub(super) fn lane_ports(addrs: &[String]) -> String {
+/// what to open; `None` when none was dialed (a peer behind a NAT).
+fn lane_ports(addrs: &[String]) -> Option<String> {
     let mut ports: Vec<u16> = addrs
         .iter()
         .filter_map(|a| a.parse::<SocketAddr>().ok())
@@ -44,15 +44,29 @@ pub(super) fn lane_ports(addrs: &[String]) -> String {
         .collect();
     ports.sort_unstable();
     ports.dedup();
-    match ports.as_slice() {
-        [] => "its lane's TCP port".to_string(),
-        [p] => format!("TCP port {p}"),
-        many => format!(
-            "TCP ports {}",
-            many.iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+    match ports.len() {
+        0 => None,
+        1 => Some(format!("TCP port {}", ports[0])),
+        _ => Some(format!("TCP ports {}", ports.join(", "))),
+    }
+}
+
+/// Says that `peer`'s frames take the libp2p connection because its lane
+/// (at `addrs`, empty behind a NAT) cannot be dialed: the first time with a
+/// warning naming what to open, later in the debug log only.
+pub(super) fn log_fallback(peer: &PeerId, why: &str, addrs: &[String], first: bool) {
+    match (first, lane_ports(addrs)) {
+        // Its addresses were dialed and did not answer: a firewall.
+        (true, Some(ports)) => {
+            tracing::warn!(%peer, "the data lane to {peer} cannot be dialed ({why}); its frames take the direct libp2p connection, several times slower than the lane: open {ports} on {peer}'s machine to the run's other machines (`slowmo doctor --peer` checks it)")
+        }
+        // Behind a NAT: no lane address of it is dialable at all.
+        (true, None) => {
+            tracing::warn!(%peer, "the data lane to {peer} cannot be dialed ({why}); its frames take the direct libp2p connection, several times slower than the lane")
+        }
+        (false, _) => {
+            tracing::debug!(%peer, "{peer}'s lane port cannot be dialed ({why}); its frames take the direct libp2p connection")
+        }
     }
 }
