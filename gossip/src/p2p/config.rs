@@ -298,14 +298,8 @@ impl P2pConfig {
     /// side by side are what a firewall rule names; the lane cannot share
     /// the libp2p listener's port, whose connections libp2p accepts.
     pub fn lane_port(&self) -> u16 {
-        if let Some(port) = self.lane_port {
-            return port;
-        }
-        self.listen
-            .iter()
-            .find_map(|a| tcp_port_of(a))
-            .filter(|p| *p != 0)
-            .map_or(0, |p| p.checked_add(1).unwrap_or(0))
+        self.lane_port
+            .unwrap_or_else(|| default_lane_port(&self.listen))
     }
 
     /// Compresses push-sum shares with `codec` ([`crate::compress`]).
@@ -439,6 +433,17 @@ impl P2pConfig {
         }
         Ok(())
     }
+}
+
+/// The lane port of a node listening at `listen` (or, given a peer's
+/// address, that peer's) unless one is configured: the first TCP port (not
+/// 0) plus one, else 0, any free port. No port follows 65535.
+pub fn default_lane_port(listen: &[String]) -> u16 {
+    listen
+        .iter()
+        .find_map(|a| tcp_port_of(a))
+        .filter(|p| *p != 0)
+        .map_or(0, |p| p.checked_add(1).unwrap_or(0))
 }
 
 /// The port of a plain TCP address (`/ip4/A/tcp/P`, `/ip6/...`,

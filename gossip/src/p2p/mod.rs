@@ -76,7 +76,8 @@ pub use admission::{
 };
 pub use comm::P2pComm;
 pub use config::{
-    DEFAULT_ROUND_WINDOW, DataLane, LanePeers, MetricsRegistry, P2pConfig, RunIdentity, tcp_port_of,
+    DEFAULT_ROUND_WINDOW, DataLane, LanePeers, MetricsRegistry, P2pConfig, RunIdentity,
+    default_lane_port, tcp_port_of,
 };
 pub use counters::{PeerTraffic, reason_name};
 pub use observe::P2pObserver;

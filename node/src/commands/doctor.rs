@@ -63,7 +63,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
 /// can be dialed from here (a TCP connection to it; a firewall that drops
 /// it leaves the peer's tensors on the slower libp2p connection).
 pub fn lane_check(args: &DoctorArgs) -> String {
-    use slowmo_gossip::p2p::tcp_port_of;
+    use slowmo_gossip::p2p::{default_lane_port, tcp_port_of};
     use std::net::{SocketAddr, TcpListener, TcpStream};
     let mut out = String::new();
     let tcp = args
@@ -74,7 +74,7 @@ pub fn lane_check(args: &DoctorArgs) -> String {
     let (ours, origin) = match (args.lane_port, tcp) {
         (Some(p), _) => (p, "--lane-port".to_string()),
         (None, Some(t)) => (
-            t.wrapping_add(1),
+            default_lane_port(&args.listen),
             format!("the TCP listen port {t} plus one"),
         ),
         (None, None) => (0, String::new()),
@@ -105,7 +105,7 @@ pub fn lane_check(args: &DoctorArgs) -> String {
             .and_then(|w| w[1].parse::<std::net::IpAddr>().ok());
         let port = args
             .peer_lane_port
-            .or_else(|| tcp_port_of(addr).map(|p| p.wrapping_add(1)));
+            .or_else(|| Some(default_lane_port(&[addr.to_string()])).filter(|p| *p != 0));
         match (ip, port, addr.contains("p2p-circuit")) {
             (_, _, true) => out.push_str(
                 "peer's lane      behind a relay: its tensors take the hole-punched connection\n",
