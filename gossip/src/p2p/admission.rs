@@ -342,6 +342,15 @@ impl Admission {
         }
     }
 
+    /// The run's public key as text (`ed25519:<hex>`) under invitations,
+    /// what a join ticket hands a new node.
+    pub fn run_key_text(&self) -> Option<String> {
+        match self {
+            Admission::Invited { run_key, .. } => Some(public_key_text(run_key)),
+            _ => None,
+        }
+    }
+
     /// What admitted peers compare: the policy and what it admits (a hash
     /// of the allowlist in order, or the run's public key).
     pub(crate) fn digest(&self) -> String {

@@ -121,8 +121,9 @@ fn dialable(addrs: Vec<String>) -> Vec<String> {
 pub fn ticket_of(
     pending: &PendingJoin,
     plan: &RunPlan,
+    run_key_public: Option<String>,
     external: &[String],
-) -> anyhow::Result<JoinTicket> {
+) -> JoinTicket {
     let me = pending.local_peer_id();
     let mut addrs = dialable(pending.listen_addrs());
     for a in external {
@@ -135,20 +136,13 @@ pub fn ticket_of(
             addrs.insert(0, a);
         }
     }
-    let run_key_public = match &plan.admission.run_key_public {
-        Some(k) => Some(slowmo_gossip::p2p::public_key_text(
-            &slowmo_gossip::p2p::parse_public_key(k)
-                .map_err(|e| anyhow::anyhow!("--run-key-public: {e}"))?,
-        )),
-        None => None,
-    };
-    Ok(JoinTicket {
+    JoinTicket {
         addrs,
         run_id: plan.run_id.clone(),
         config_hash: plan.config.hash(),
         data_lane: plan.data_lane.name().into(),
         run_key_public,
-    })
+    }
 }
 
 /// The ports other machines must reach, in words: each TCP and UDP listen

@@ -258,6 +258,9 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
         checkpoint_dir: args.checkpoints.checkpoint_dir.clone(),
     };
     paths.check()?;
+    if let Some(path) = &args.ticket_file {
+        crate::io::outputs::check("--ticket-file", path, crate::io::outputs::OutputKind::File)?;
+    }
     let plan = RunPlan::from_args(&args)?;
     let config = plan.config.clone();
     if let Some(note) = config.peers_clamped() {
@@ -340,14 +343,11 @@ pub fn run_with(args: NodeArgs, workload: Option<Workload>) -> anyhow::Result<()
         None => None,
     };
 
+    let run_key = p2p.admission.run_key_text();
     let joined = P2pComm::bind(p2p).and_then(|pending| {
-        match ticket_of(&pending, &plan, &args.external_address) {
-            Ok(ticket) => {
-                if let Err(e) = announce(&pending, &ticket, &args) {
-                    tracing::warn!("{e:#}");
-                }
-            }
-            Err(e) => tracing::warn!("no join ticket: {e:#}"),
+        let ticket = ticket_of(&pending, &plan, run_key, &args.external_address);
+        if let Err(e) = announce(&pending, &ticket, &args) {
+            tracing::warn!("{e:#}");
         }
         tracing::info!(nodes = config.workers, "joining the run");
         pending.join()
