@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 mod local_support;
-use local_support::{read_json, slowmo_bin};
+use local_support::{can_make_namespaces, read_json, slowmo_bin};
 
 /// The namespaces of one test; removed when dropped.
 struct Internet {
@@ -33,29 +33,8 @@ impl Internet {
     /// where namespaces cannot be made, outside CI.
     fn up(test: &str, tag: &str, nats: usize, hosts: usize, kinds: &str) -> Option<Self> {
         let prefix = format!("s{}{tag}", std::process::id() % 100_000);
-        let probe = format!("{prefix}-probe");
-        let made = Command::new("ip")
-            .args(["netns", "add", &probe])
-            .stderr(Stdio::piped())
-            .output();
-        match made {
-            Ok(out) if out.status.success() => {
-                let _ = Command::new("ip").args(["netns", "del", &probe]).status();
-            }
-            other => {
-                let why = match other {
-                    Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
-                    Err(e) => format!("cannot run ip: {e}"),
-                };
-                assert!(
-                    std::env::var("CI").map_or(true, |v| v != "true"),
-                    "CI=true but network namespaces cannot be made ({why}): {test} cannot run"
-                );
-                println!(
-                    "SKIPPED {test}: network namespaces cannot be made here ({why}; run as root)"
-                );
-                return None;
-            }
+        if !can_make_namespaces(test, &prefix) {
+            return None;
         }
         let net = Internet { prefix };
         let status = Command::new("bash")

@@ -11,11 +11,11 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 mod local_support;
-use local_support::{read_json, slowmo_bin};
+use local_support::{can_make_namespaces, read_json, slowmo_bin};
 
 fn readme() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
@@ -105,29 +105,8 @@ struct Lan {
 impl Lan {
     fn up(machines: usize, tcp_ports: &[u16]) -> Option<Self> {
         let prefix = format!("w{}", std::process::id() % 100_000);
-        let probe = format!("{prefix}-probe");
-        match Command::new("ip")
-            .args(["netns", "add", &probe])
-            .stderr(Stdio::piped())
-            .output()
-        {
-            Ok(out) if out.status.success() => {
-                let _ = Command::new("ip").args(["netns", "del", &probe]).status();
-            }
-            other => {
-                let why = match other {
-                    Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
-                    Err(e) => format!("cannot run ip: {e}"),
-                };
-                assert!(
-                    std::env::var("CI").map_or(true, |v| v != "true"),
-                    "CI=true but network namespaces cannot be made ({why}): the walkthrough cannot run"
-                );
-                println!(
-                    "SKIPPED walkthrough: network namespaces cannot be made here ({why}; run as root)"
-                );
-                return None;
-            }
+        if !can_make_namespaces("the walkthrough", &prefix) {
+            return None;
         }
         let lan = Lan { prefix };
         let ports: Vec<String> = tcp_ports.iter().map(u16::to_string).collect();

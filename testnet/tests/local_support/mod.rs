@@ -52,3 +52,33 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Whether network namespaces can be made here (as root): a probe
+/// namespace `PREFIX-probe` is made and removed. Where they cannot, `test`
+/// says it is skipped, and under CI=true it fails instead.
+pub fn can_make_namespaces(test: &str, prefix: &str) -> bool {
+    use std::process::{Command, Stdio};
+    let probe = format!("{prefix}-probe");
+    let made = Command::new("ip")
+        .args(["netns", "add", &probe])
+        .stderr(Stdio::piped())
+        .output();
+    match made {
+        Ok(out) if out.status.success() => {
+            let _ = Command::new("ip").args(["netns", "del", &probe]).status();
+            true
+        }
+        other => {
+            let why = match other {
+                Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                Err(e) => format!("cannot run ip: {e}"),
+            };
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "CI=true but network namespaces cannot be made ({why}): {test} cannot run"
+            );
+            println!("SKIPPED {test}: network namespaces cannot be made here ({why}; run as root)");
+            false
+        }
+    }
+}
