@@ -3,32 +3,24 @@
 //! killed node started again with its identity is admitted back with the
 //! run's state and the run ends with all four.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Node {
     name: String,
-    port: u16,
     child: Child,
     summary: PathBuf,
     metrics: PathBuf,
     params: PathBuf,
 }
 
-/// A node of a 4-node TCP run of `steps` steps, bootstrapped from `boot`.
-fn spawn(dir: &Path, i: usize, port: u16, boot: Option<u16>, steps: u64, tag: &str) -> Node {
+/// A node of a 4-node TCP run of `steps` steps on a port it picks,
+/// bootstrapped from `boot` (a port picked here ahead could be taken by
+/// another test's node before this one binds it).
+fn spawn(dir: &Path, i: usize, boot: Option<&str>, steps: u64, tag: &str) -> Node {
     let name = format!("node{i}{tag}");
     let summary = dir.join(format!("{name}.json"));
     let metrics = dir.join(format!("{name}.jsonl"));
@@ -39,12 +31,7 @@ fn spawn(dir: &Path, i: usize, port: u16, boot: Option<u16>, steps: u64, tag: &s
         .args(["--steps", &steps.to_string()])
         .args(["--run-id", "faults", "--threads", "1"])
         .args(["--peer-timeout", "5", "--join-timeout", "60"])
-        .args([
-            "--listen",
-            &format!("/ip4/127.0.0.1/tcp/{port}"),
-            "--lane-port",
-            "0",
-        ])
+        .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
         .arg("--identity")
         .arg(dir.join(format!("node{i}.key")))
         .arg("--summary-json")
@@ -58,11 +45,10 @@ fn spawn(dir: &Path, i: usize, port: u16, boot: Option<u16>, steps: u64, tag: &s
         .stdout(Stdio::null())
         .stderr(log);
     if let Some(b) = boot {
-        cmd.args(["--bootstrap", &format!("/ip4/127.0.0.1/tcp/{b}")]);
+        cmd.args(["--bootstrap", b]);
     }
     Node {
         name,
-        port,
         child: cmd.spawn().unwrap(),
         summary,
         metrics,
@@ -70,11 +56,39 @@ fn spawn(dir: &Path, i: usize, port: u16, boot: Option<u16>, steps: u64, tag: &s
     }
 }
 
-fn start(dir: &Path, steps: u64) -> Vec<Node> {
-    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
-    (0..4)
-        .map(|i| spawn(dir, i, ports[i], (i > 0).then_some(ports[0]), steps, ""))
-        .collect()
+/// The address `node` says it listens on (with its peer id).
+fn listen_addr(node: &mut Node, dir: &Path) -> String {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let said = std::fs::read_to_string(dir.join(format!("{}.log", node.name)))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                let (_, rest) = l.split_once("listening on ")?;
+                Some(rest.split_whitespace().next()?.to_string())
+            });
+        if let Some(addr) = said {
+            return addr;
+        }
+        if Instant::now() > until || node.child.try_wait().unwrap().is_some() {
+            let _ = node.child.kill();
+            panic!(
+                "{} did not say where it listens; the logs:\n{}",
+                node.name,
+                logs(dir)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Four nodes; the first one's address is the others' bootstrap, returned.
+fn start(dir: &Path, steps: u64) -> (Vec<Node>, String) {
+    let mut first = spawn(dir, 0, None, steps, "");
+    let boot = listen_addr(&mut first, dir);
+    let mut nodes = vec![first];
+    nodes.extend((1..4).map(|i| spawn(dir, i, Some(&boot), steps, "")));
+    (nodes, boot)
 }
 
 /// Steps recorded in a metrics file so far.
@@ -84,13 +98,34 @@ fn steps_done(metrics: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// Every node's log in `dir`, for a failure's message.
+fn logs(dir: &Path) -> String {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|p| {
+            format!(
+                "--- {}\n{}",
+                p.display(),
+                std::fs::read_to_string(p).unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 fn wait_for_steps(node: &Node, steps: usize) {
     let until = Instant::now() + Duration::from_secs(120);
     while steps_done(&node.metrics) < steps {
         assert!(
             Instant::now() < until,
-            "{} never reached step {steps}",
-            node.name
+            "{} never reached step {steps}; the logs:\n{}",
+            node.name,
+            logs(node.metrics.parent().unwrap())
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -123,7 +158,7 @@ fn kill(node: &mut Node) {
 #[test]
 fn three_of_four_finish_after_one_is_killed() {
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes = start(dir.path(), 600);
+    let (mut nodes, _) = start(dir.path(), 600);
     wait_for_steps(&nodes[3], 150);
     let mut lost = nodes.pop().unwrap();
     kill(&mut lost);
@@ -149,14 +184,13 @@ fn three_of_four_finish_after_one_is_killed() {
 #[test]
 fn a_killed_node_restarted_with_its_identity_rejoins() {
     let dir = tempfile::tempdir().unwrap();
-    let mut nodes = start(dir.path(), 800);
+    let (mut nodes, boot) = start(dir.path(), 800);
     wait_for_steps(&nodes[3], 150);
     kill(&mut nodes[3]);
     // Survivors notice at once and go on in a view of three; then the node
     // comes back with its identity and the same command.
     wait_for_steps(&nodes[0], 300);
-    let port = nodes[3].port;
-    nodes[3] = spawn(dir.path(), 3, port, Some(nodes[0].port), 800, "-again");
+    nodes[3] = spawn(dir.path(), 3, Some(&boot), 800, "-again");
     let sums: Vec<Value> = nodes.iter_mut().map(|n| finish(n, dir.path())).collect();
     for s in &sums {
         assert_eq!(s["completed"], true, "{s}");
